@@ -319,9 +319,10 @@ def composition(lhs, rhs):
     As in CuTe, a multi-mode ``rhs`` is composed mode by mode, so
     ``composition(A, B)(i) == A(B(i))`` holds when the modes of ``B`` land on
     disjoint digits of ``A``'s mixed-radix coordinates (always for rank-1
-    ``B``, for injective ``B`` into a compact ``A``, and for the tilers the
-    algebra builds); for overlapping ``B`` the sum of ``A``'s per-mode values
-    differs from ``A`` of the sum. ``lhs`` is extended past its size along its
+    ``B`` and for the tilers the algebra builds: ``(T, complement(T))``,
+    divides, products); otherwise (e.g. ``A = (2,2,2):(2,4,1)``,
+    ``B = (2,2):(3,1)``) the sum of ``A``'s per-mode values differs from ``A``
+    of the sum. ``lhs`` is extended past its size along its
     last mode.
 
     >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
