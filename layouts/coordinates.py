@@ -3,9 +3,9 @@
 >>> make_identity_layout((4, 8))
 (4,8):(1@0,1@1)
 >>> make_identity_layout((4, 8))(13)
-(1,3)
+(1, 3)
 >>> Layout((4, 8), (E(1), E(0)))(1, 3)
-(3,1)
+(3, 1)
 """
 
 from __future__ import annotations

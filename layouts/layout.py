@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from .basis import ScaledBasis, is_basis
+from .basis import ArithmeticTuple, ScaledBasis, is_basis
 from .int_tuple import (
     ceil_div, flatten, is_int, is_tuple, prefix_product, product, shape_div,
     suffix_product, unflatten,
@@ -171,6 +171,11 @@ class Layout:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return slice_and_offset(crd, self)[0]
+        return _plain(self.offset_of(crd))
+
+    def offset_of(self, crd):
+        """Like calling the layout, but a coordinate result stays an
+        :class:`~layouts.basis.ArithmeticTuple` (so it can be added to)."""
         if is_tuple(crd):
             return int_tuple.crd2idx(crd, self.shape, self.stride)
         return self._eval_index(crd)
@@ -197,6 +202,11 @@ class Layout:
 
     def slice_and_offset(self, crd):
         return slice_and_offset(crd, self)
+
+
+def _plain(value):
+    """Coordinates leave the algebra as plain tuples (a jax pytree)."""
+    return tuple(value) if isinstance(value, ArithmeticTuple) else value
 
 
 def _has_none(crd) -> bool:

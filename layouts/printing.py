@@ -5,7 +5,7 @@
 >>> parse_layout("Sw<3,4,3> o _0 o (8,64):(64,1)")
 Sw<3,4,3> o _0 o (8,64):(64,1)
 >>> parse_layout("(_4,_8):(_1@1,_1@0)")(2, 3)
-(3,2)
+(3, 2)
 """
 
 from __future__ import annotations

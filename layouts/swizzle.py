@@ -163,7 +163,7 @@ class ComposedLayout:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return self.slice_and_offset(crd)[0]
-        return self.outer(self.offset + self.inner(crd))
+        return self.outer(self.offset + self.inner.offset_of(crd))
 
     def compose(self, rhs):
         return ComposedLayout(self.outer, self.offset, composition(self.inner, rhs))

@@ -12,13 +12,13 @@ moves the offset, which may be a traced jax integer.
 >>> t(None, 2).layout, t(None, 2).offset
 ((3):(4), 2)
 >>> make_identity_tensor((4, 8))(3, 5)
-(3,5)
+(3, 5)
 """
 
 from __future__ import annotations
 
 from .basis import ArithmeticTuple
-from .layout import Layout, _has_none, slice_and_offset
+from .layout import Layout, _has_none, _plain, slice_and_offset
 from .coordinates import make_identity_layout
 
 __all__ = ["Tensor", "make_tensor", "make_identity_tensor", "as_tensor"]
@@ -27,12 +27,17 @@ __all__ = ["Tensor", "make_tensor", "make_identity_tensor", "as_tensor"]
 class Tensor:
     """``engine[offset + layout(c)]``, or ``offset + layout(c)`` with no engine."""
 
-    __slots__ = ("layout", "engine", "offset")
+    __slots__ = ("layout", "engine", "_offset")
 
     def __init__(self, layout, engine=None, offset=0):
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "engine", engine)
-        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "_offset", offset)
+
+    @property
+    def offset(self):
+        """The origin: an int (or traced int), or a coordinate tuple."""
+        return _plain(self._offset)
 
     def __setattr__(self, name, value):
         raise AttributeError("Tensor is immutable")
@@ -45,13 +50,13 @@ class Tensor:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return self.sliced(crd)
-        idx = self.offset + self.layout(crd)
-        return idx if self.engine is None else self.engine[idx]
+        idx = self._offset + self.layout.offset_of(crd)
+        return _plain(idx) if self.engine is None else self.engine[idx]
 
     def sliced(self, crd, layout=None) -> "Tensor":
         """Keep the ``None`` modes of ``crd`` over ``layout`` (default: own)."""
         sub, off = slice_and_offset(crd, self.layout if layout is None else layout)
-        return Tensor(sub, self.engine, self.offset + off)
+        return Tensor(sub, self.engine, self._offset + off)
 
     def __repr__(self):
         return f"Tensor({self.layout}, offset={self.offset}{'' if self.engine is None else ', engine'})"
@@ -66,7 +71,8 @@ def make_tensor(engine, layout) -> Tensor:
 
 def make_identity_tensor(shape) -> Tensor:
     """The coordinate tensor of ``shape``: each position holds its coordinate."""
-    return Tensor(make_identity_layout(shape), None, ArithmeticTuple((0,) * len(shape if isinstance(shape, tuple) else (shape,))))
+    rank = len(shape) if isinstance(shape, tuple) else 1
+    return Tensor(make_identity_layout(shape), None, ArithmeticTuple((0,) * rank))
 
 
 def as_tensor(x) -> Tensor:
