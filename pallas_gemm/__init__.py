@@ -1,0 +1,13 @@
+"""Hopper GEMM for JAX, written with Pallas' Mosaic GPU backend.
+
+>>> import jax.numpy as jnp
+>>> from pallas_gemm import matmul, GemmConfig
+>>> a = jnp.ones((128, 64), jnp.bfloat16); b = jnp.ones((64, 256), jnp.bfloat16)
+>>> matmul(a, b, implementation="xla").shape
+(128, 256)
+"""
+
+from pallas_gemm.config import GemmConfig, GemmProblem
+from pallas_gemm.matmul import matmul
+
+__all__ = ["GemmConfig", "GemmProblem", "matmul"]

@@ -1,0 +1,74 @@
+"""Everything that differs between the supported jax versions (0.10.2 and 0.11.x).
+
+The rest of the package imports these names instead of testing versions itself.
+
+>>> from pallas_gemm import _compat
+>>> _compat.JAX_VERSION >= (0, 10, 2)
+True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.experimental.pallas.mosaic_gpu as plgpu
+
+JAX_VERSION: tuple[int, ...] = tuple(
+    int(part) for part in jax.__version__.split(".")[:3] if part.isdigit()
+)
+
+# 0.11 turned `plgpu.transpose_ref` into a deprecated alias of `ref.transpose`;
+# 0.10.2 has only the plgpu function for Mosaic GPU refs.
+_USE_REF_TRANSPOSE = JAX_VERSION >= (0, 11, 0)
+
+# 0.10.2's GPU interpreter cannot evaluate a WGMMA whose operand went through
+# `transpose_ref` (AttributeError in its callback, which then hangs the kernel).
+INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS = JAX_VERSION >= (0, 11, 0)
+
+# Cluster barriers (needed by TMA multicast) run in the interpreter from 0.11.
+INTERPRET_SUPPORTS_CLUSTERS = JAX_VERSION >= (0, 11, 0)
+
+
+def transpose_2d(ref):
+  """The transposed view of a 2-D SMEM ref, as WGMMA wants an MN-major operand."""
+  if _USE_REF_TRANSPOSE:
+    return ref.transpose((1, 0))
+  return plgpu.transpose_ref(ref, (1, 0))
+
+
+def compiler_params() -> plgpu.CompilerParams:
+  """Warpgroup lowering, spelled out: the default changed from Lane to Warpgroup in 0.11."""
+  return plgpu.CompilerParams(
+      lowering_semantics=plgpu.LoweringSemantics.Warpgroup
+  )
+
+
+def interpret_params(*, zero_fill: bool, detect_races: bool = False):
+  """GPU interpret-mode parameters (private API, same import path in both versions).
+
+  `zero_fill=True` emulates TMA's zero fill of out-of-bounds loads; it also makes
+  never-written memory read as zero, so only use it where that cannot hide a bug.
+  """
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  if zero_fill:
+    return InterpretGPUParams(
+        out_of_bounds_reads="uninitialized",
+        uninitialized_memory="zero",
+        detect_races=detect_races,
+    )
+  return InterpretGPUParams(detect_races=detect_races)
+
+
+def reset_interpret_state() -> None:
+  """Clears the GPU interpreter's global state (needed after a failed kernel)."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+  interpret_pallas_call.reset_gpu_interpret_mode_state()
+
+
+def device_sm_count() -> int | None:
+  """The number of SMs of the default device if it is a GPU, else None."""
+  device = jax.devices()[0]
+  if device.platform != "gpu":
+    return None
+  return int(device.core_count)

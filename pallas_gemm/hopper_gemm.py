@@ -1,0 +1,335 @@
+"""Warp-specialized persistent GEMM for Hopper (Pallas Mosaic GPU).
+
+One producer warpgroup streams A and B tiles with TMA into a ring of swizzled
+SMEM stages; two consumer warpgroups run WGMMA on them with f32 accumulators,
+keeping one WGMMA group in flight, and run the fused epilogue through SMEM with
+asynchronous TMA stores. The grid is persistent: each CTA (or 2-CTA cluster,
+with TMA multicast of the shared operand) walks its share of output tiles in
+the order `raster.tile_coords` gives, and the SMEM ring runs on across tiles.
+
+Schedules:
+  cooperative: both consumers work on one tile, split along M or N.
+  pingpong: each consumer owns whole tiles, alternating; each has its own
+    SMEM ring, so one warpgroup's epilogue overlaps the other's main loop.
+
+>>> import jax, jax.numpy as jnp
+>>> from pallas_gemm.config import GemmConfig, GemmProblem
+>>> p = GemmProblem(m=256, n=256, k=128)
+>>> f = lambda a, b: hopper_gemm(a, b, problem=p, config=GemmConfig(num_sms=2))
+>>> a = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+>>> b = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+>>> jax.export.export(jax.jit(f), platforms=["cuda"])(a, b).out_avals
+(ShapedArray(bfloat16[256,256]),)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import raster
+from pallas_gemm import smem
+from pallas_gemm.config import GemmConfig, GemmProblem, tiles
+
+DEFAULT_NUM_SMS = 132
+"""H100 SXM; used when no GPU is attached (export, interpret without num_sms)."""
+
+MEMORY_REGISTERS = 40
+"""Registers per thread left to the producer warpgroup (setmaxnreg)."""
+
+COMPUTE_REGISTERS = 232
+"""Registers per consumer thread: (512 - 40) / 2, rounded down to a multiple of 8."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything static the kernel body needs, derived once in the wrapper."""
+
+  problem: GemmProblem
+  config: GemmConfig
+  epilogue: epilogue_lib.EpilogueSpec
+  ab_swizzle: int
+  out_swizzle: int
+  num_sms: int
+
+  @property
+  def rings(self) -> int:
+    return 2 if self.config.schedule == "pingpong" else 1
+
+  @property
+  def ring_stages(self) -> int:
+    return self.config.stages // self.rings
+
+  @property
+  def k_iters(self) -> int:
+    return tiles(self.problem.k, self.config.tile_k)
+
+  @property
+  def m_tiles(self) -> int:
+    return tiles(self.problem.m, self.config.tile_m)
+
+  @property
+  def n_tiles(self) -> int:
+    return tiles(self.problem.n, self.config.tile_n)
+
+  @property
+  def cluster_tiles(self) -> tuple[int, int]:
+    cm, cn = self.config.cluster
+    return tiles(self.m_tiles, cm), tiles(self.n_tiles, cn)
+
+  @property
+  def num_tiles(self) -> int:
+    mc, nc = self.cluster_tiles
+    return self.problem.batch * mc * nc
+
+
+def _at(ref, batch_idx, rows, cols):
+  """`ref[batch_idx, rows, cols]` for a 3-D ref, `ref[rows, cols]` for 2-D."""
+  if len(ref.shape) == 3:
+    return ref.at[batch_idx, rows, cols]
+  return ref.at[rows, cols]
+
+
+def _tile_position(p: _Plan, tile_index):
+  """(batch, m_tile, n_tile) of this CTA for a linear cluster-tile index."""
+  mc, nc = p.cluster_tiles
+  batch_idx = lax.div(tile_index, mc * nc)
+  m_c, n_c = raster.tile_coords(
+      lax.rem(tile_index, mc * nc), mc, nc,
+      group=p.config.group, order=p.config.raster)
+  cm, cn = p.config.cluster
+  if p.config.cluster_size > 1:
+    cta = lax.axis_index("cluster")
+    return batch_idx, m_c * cm + (cta if cm > 1 else 0), n_c * cn + (cta if cn > 1 else 0)
+  return batch_idx, m_c, n_c
+
+
+def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
+  cfg, prob = p.config, p.problem
+  tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
+  em, en = cfg.epilogue_shape
+  wm, wn = cfg.wg_tile
+  slots = cfg.epilogue_slots
+  in_dtype, out_dtype = a_gmem.dtype, out_gmem.dtype
+  ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
+  out_tf = smem.tile_transforms(out_dtype, p.out_swizzle)
+  a_block = (tk, tm) if prob.transpose_a else (tm, tk)
+  b_block = (tn, tk) if prob.transpose_b else (tk, tn)
+  n_bufs = p.rings * p.ring_stages
+  consumers = 2 if p.rings == 1 else 1
+  cm, cn = cfg.cluster
+  a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
+  b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
+  if cfg.cluster_size > 1:
+    consumed_type = plgpu.ClusterBarrier(
+        collective_axes=("cluster",), num_arrivals=consumers, num_barriers=n_bufs)
+  else:
+    consumed_type = plgpu.Barrier(num_arrivals=consumers, num_barriers=n_bufs)
+
+  def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded):
+    wg = lax.axis_index("wg")
+
+    def ring_step(local_tile, k):
+      """(ring, slot buffer index, step within ring) of a tile's k-th stage."""
+      ring = lax.rem(local_tile, p.rings)
+      step = lax.div(local_tile, p.rings) * p.k_iters + k
+      return ring, ring * p.ring_stages + lax.rem(step, p.ring_stages), step
+
+    def producer():
+      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
+      def _(info):
+        (tile_index,) = info.index
+        batch_idx, mi, ni = _tile_position(p, tile_index)
+
+        @pl.loop(0, p.k_iters)
+        def _(k):
+          _, buf, step = ring_step(info.local_index, k)
+
+          @pl.when(step >= p.ring_stages)
+          def _():
+            plgpu.barrier_wait(consumed.at[buf])
+
+          rows_a, cols_a = pl.ds(mi * tm, tm), pl.ds(k * tk, tk)
+          if prob.transpose_a:
+            rows_a, cols_a = cols_a, rows_a
+          rows_b, cols_b = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
+          if prob.transpose_b:
+            rows_b, cols_b = cols_b, rows_b
+          plgpu.copy_gmem_to_smem(
+              _at(a_gmem, batch_idx, rows_a, cols_a), a_smem.at[buf],
+              loaded.at[buf], collective_axes=a_collective)
+          plgpu.copy_gmem_to_smem(
+              _at(b_gmem, batch_idx, rows_b, cols_b), b_smem.at[buf],
+              loaded.at[buf], collective_axes=b_collective)
+
+      # Wait for the last stages of every ring to be released, so that no peer
+      # CTA arrives on (or multicasts into) this CTA after it has exited.
+      sm = lax.axis_index("sm")
+      grid = lax.axis_size("sm")
+      local_tiles = lax.div(p.num_tiles - sm + grid - 1, grid)
+      for ring in range(p.rings):
+        ring_tiles = lax.div(local_tiles - ring + p.rings - 1, p.rings)
+        steps = ring_tiles * p.k_iters
+
+        @pl.loop(jnp.maximum(steps - p.ring_stages, 0), steps)
+        def _(step):
+          plgpu.barrier_wait(consumed.at[ring * p.ring_stages + lax.rem(step, p.ring_stages)])
+
+    def consumer():
+      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+
+      @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
+      def _(info):
+        (tile_index,) = info.index
+        batch_idx, mi, ni = _tile_position(p, tile_index)
+
+        def tile_work():
+          if p.rings == 1 and cfg.wg_split == "m":
+            row0, col0 = mi * tm + wg * wm, ni * tn
+          elif p.rings == 1:
+            row0, col0 = mi * tm, ni * tn + wg * wn
+          else:
+            row0, col0 = mi * tm, ni * tn
+          if bias_smem is not None:
+            plgpu.copy_gmem_to_smem(
+                bias_gmem.at[pl.ds(col0, wn)], bias_smem.at[wg], bias_loaded.at[wg])
+
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
+          def _(acc):
+            def operands(buf):
+              a_tile, b_tile = a_smem.at[buf], b_smem.at[buf]
+              if prob.transpose_a:
+                a_tile = _compat.transpose_2d(a_tile)
+              elif p.rings == 1 and cfg.wg_split == "m":
+                a_tile = a_tile.at[pl.ds(wg * wm, wm), :]
+              if p.rings == 1 and cfg.wg_split == "n":
+                if prob.transpose_b:
+                  b_tile = b_tile.at[pl.ds(wg * wn, wn), :]
+                else:
+                  b_tile = b_tile.at[:, pl.ds(wg * wn, wn)]
+              if prob.transpose_b:
+                b_tile = _compat.transpose_2d(b_tile)
+              return a_tile, b_tile
+
+            @pl.loop(0, p.k_iters)
+            def _(k):
+              _, buf, _ = ring_step(info.local_index, k)
+              plgpu.barrier_wait(loaded.at[buf])
+              plgpu.wgmma(acc, *operands(buf))
+              plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
+
+              @pl.when(k > 0)
+              def _():
+                _, prev_buf, _ = ring_step(info.local_index, k - 1)
+                plgpu.barrier_arrive(consumed.at[prev_buf])
+
+            result = acc[...]
+            _, last_buf, _ = ring_step(info.local_index, p.k_iters - 1)
+            plgpu.barrier_arrive(consumed.at[last_buf])
+            _epilogue(result, batch_idx, row0, col0)
+
+        if p.rings == 1:
+          tile_work()
+        else:
+          pl.when(lax.rem(info.local_index, 2) == wg)(tile_work)
+
+      plgpu.wait_smem_to_gmem(0)
+
+    def _epilogue(result, batch_idx, row0, col0):
+      if bias_smem is not None:
+        plgpu.barrier_wait(bias_loaded.at[wg])
+      for i in range(wm // em):
+        for j in range(wn // en):
+          slot = (i * (wn // en) + j) % slots
+          buf = out_smem.at[wg, slot]
+          rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
+          plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+          c_tile = None
+          if c_gmem is not None:
+            plgpu.copy_gmem_to_smem(
+                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[wg * slots + slot])
+            plgpu.barrier_wait(c_loaded.at[wg * slots + slot])
+            c_tile = buf[...]
+          bias_tile = None
+          if bias_smem is not None:
+            bias_tile = lax.broadcast_in_dim(
+                bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
+          y = epilogue_lib.apply(
+              p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
+              c=c_tile, bias=bias_tile)
+          buf[...] = y.astype(out_dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+
+    lax.cond(wg == 2, producer, consumer)
+
+  pl.run_scoped(
+      scoped,
+      a_smem=plgpu.SMEM((n_bufs, *a_block), in_dtype, transforms=ab_tf),
+      b_smem=plgpu.SMEM((n_bufs, *b_block), in_dtype, transforms=ab_tf),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=n_bufs),
+      consumed=consumed_type,
+      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
+      bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
+      bias_loaded=None if bias_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2),
+      c_loaded=None if c_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
+      collective_axes="wg",
+  )
+
+
+def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmConfig,
+                epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
+                interpret=None):
+  """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
+
+  Args:
+    a: (batch, M, K) or (M, K); (.., K, M) if `problem.transpose_a`. Extents may
+      exceed the logical problem (zero padding); never fall short of it.
+    b: (batch, K, N) or (K, N); (.., N, K) if `problem.transpose_b`.
+    bias: f32 (n_tiles * tile_n,) zero-padded per-column bias, or None.
+    c: out-dtype (batch, M, N) or (M, N) addend scaled by `epilogue.beta`, or None.
+    interpret: None on hardware, or GPU interpret-mode params.
+  Returns:
+    (batch, M, N) or (M, N) array of `problem.out_dtype`.
+  """
+  config.validate(problem)
+  ab_swizzle = smem.widest_swizzle(
+      a.dtype, config.tile_k, a.shape[-1], b.shape[-1])
+  if ab_swizzle is None:
+    raise ValueError(
+        f"A {a.shape} and B {b.shape} have no common TMA swizzle; pad their minor dims")
+  em, en = config.epilogue_shape
+  out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
+  if out_swizzle is None:
+    raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
+  num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
+  num_sms -= num_sms % config.cluster_size
+  plan = _Plan(problem, config, epilogue, ab_swizzle, out_swizzle, num_sms)
+  out_shape = (problem.m, problem.n)
+  if a.ndim == 3 or b.ndim == 3:
+    out_shape = (problem.batch, *out_shape)
+  cluster_kwargs = {}
+  if config.cluster_size > 1:
+    cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
+  kernel = plgpu.kernel(
+      functools.partial(_kernel, p=plan),
+      out_type=jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype)),
+      grid=(num_sms // config.cluster_size,),
+      grid_names=("sm",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=_compat.compiler_params(),
+      interpret=interpret,
+      **cluster_kwargs,
+  )
+  return kernel(a, b, bias, c)
