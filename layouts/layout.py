@@ -99,7 +99,7 @@ class Layout:
     (4):(1)
     """
 
-    __slots__ = ("shape", "stride", "_modes")
+    __slots__ = ("shape", "stride", "_modes")  # _modes: the compiled index function
 
     def __init__(self, shape, stride=None, *, order=None):
         shape = _normalize_shape(shape)
@@ -181,27 +181,36 @@ class Layout:
         return self._eval_index(crd)
 
     def _eval_index(self, idx):
-        """Evaluate a flat index through the coalesced modes: the same
-        arithmetic a hand-written numpy expression would do."""
-        modes = self._modes
-        if modes is None:
-            flat = coalesce(self)
-            modes = tuple(zip(flatten(flat.shape), flatten(flat.stride)))
-            object.__setattr__(self, "_modes", modes)
-        terms, rest = [], idx
-        for k, (s, d) in enumerate(modes):
-            last = k == len(modes) - 1
-            c = rest if last else rest % s
-            if not last:
-                rest = rest // s
-            if not (is_int(d) and d == 0):
-                terms.append(c if (is_int(d) and d == 1) else c * d)
-        if not terms:
-            return idx * 0
-        return reduce(lambda a, b: a + b, terms)
+        """Evaluate a flat index with the arithmetic one would write by hand:
+        ``(i // p) % s * d`` per coalesced mode, compiled once per layout."""
+        fn = self._modes
+        if fn is None:
+            fn = _index_function(coalesce(self))
+            object.__setattr__(self, "_modes", fn)
+        return fn(idx)
 
     def slice_and_offset(self, crd):
         return slice_and_offset(crd, self)
+
+
+def _index_function(flat: "Layout"):
+    """Compile ``i -> flat(i)`` into one Python expression (so numpy can reuse
+    its temporaries, as in hand-written code). Only ints are inlined; basis
+    strides are bound as constants."""
+    modes = list(zip(flatten(flat.shape), flatten(flat.stride)))
+    terms, divisor = [], 1
+    for k, (s, d) in enumerate(modes):
+        coord = "i" if divisor == 1 else f"(i // {divisor})"
+        if k < len(modes) - 1:
+            coord = f"({coord} % {s})"
+        divisor *= s
+        if is_int(d) and d == 0:
+            continue
+        terms.append(coord if (is_int(d) and d == 1) else
+                     f"{coord} * {d}" if is_int(d) else f"{coord} * _d[{k}]")
+    body = " + ".join(terms) if terms else "i * 0"
+    strides = tuple(d for _, d in modes)
+    return eval(f"lambda i, _d=_d: {body}", {}, {"_d": strides})  # noqa: S307 - ints only
 
 
 def _plain(value):

@@ -73,9 +73,9 @@ class Swizzle:
     def __call__(self, offset):
         if self.bits == 0:
             return offset
-        picked = offset & self.yyy_mask
-        moved = picked >> self.shift if self.shift >= 0 else picked << -self.shift
-        return offset ^ moved
+        if self.shift >= 0:
+            return offset ^ ((offset & self.yyy_mask) >> self.shift)
+        return offset ^ ((offset & self.yyy_mask) << -self.shift)
 
     def compose(self, rhs):
         if rhs is None:
@@ -163,7 +163,8 @@ class ComposedLayout:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return self.slice_and_offset(crd)[0]
-        return self.outer(self.offset + self.inner.offset_of(crd))
+        inner = self.inner.offset_of(crd)
+        return self.outer(inner if is_int(self.offset) and self.offset == 0 else self.offset + inner)
 
     def compose(self, rhs):
         return ComposedLayout(self.outer, self.offset, composition(self.inner, rhs))

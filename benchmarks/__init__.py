@@ -1,0 +1,1 @@
+"""Benchmarks and the device harness for pallas-gemm."""
