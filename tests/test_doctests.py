@@ -1,0 +1,21 @@
+"""Every docstring example in `layouts` runs and prints what it says."""
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import layouts
+
+
+def _modules():
+    return sorted(m.name for m in pkgutil.walk_packages(layouts.__path__, "layouts.")
+                  if not m.name.endswith("__main__"))
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
