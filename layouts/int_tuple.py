@@ -161,7 +161,9 @@ def shape_div(a, b):
     if b == 0 or (a % b != 0 and b % a != 0):
         raise ValueError(f"shape_div: neither of {a} and {b} divides the other")
     q = _tdiv(a, b)
-    return q if q != 0 else (1 if (a > 0) == (b > 0) else -1)
+    if q != 0 or a == 0:
+        return q
+    return 1 if (a > 0) == (b > 0) else -1
 
 
 def congruent(a, b) -> bool:
@@ -218,12 +220,19 @@ def idx2crd(idx, shape, stride=None):
     """Map an index to a coordinate of ``shape``: ``(idx // d) % s`` per leaf.
 
     With the default column-major ``stride`` this inverts ``crd2idx``; every
-    mode wraps (CuTe C++'s convention).
+    mode wraps (CuTe C++'s convention). A tuple ``idx`` is split mode by mode,
+    each entry over its own mode.
 
     >>> idx2crd(4, (2, 3))
     (0, 2)
+    >>> idx2crd((3, 5), (4, (2, 4)))
+    (3, (1, 2))
     """
     if stride is None:
+        if is_tuple(idx):
+            if not is_tuple(shape) or len(idx) != len(shape):
+                raise ValueError(f"idx2crd: index {idx} does not match shape {shape}")
+            return tuple(idx2crd(i, s) for i, s in zip(idx, shape))
         stride = prefix_product(shape)
     if is_tuple(idx):
         if not is_tuple(shape) or len(idx) != len(shape):

@@ -339,9 +339,10 @@ def composition(lhs, rhs):
     ``composition(A, B)(i) == A(B(i))`` holds when the modes of ``B`` land on
     disjoint digits of ``A``'s mixed-radix coordinates (always for rank-1
     ``B`` and for the tilers the algebra builds: ``(T, complement(T))``,
-    divides, products); otherwise (e.g. ``A = (2,2,2):(2,4,1)``,
-    ``B = (2,2):(3,1)``) the sum of ``A``'s per-mode values differs from ``A``
-    of the sum. ``lhs`` is extended past its size along its
+    divides, products); otherwise (e.g. ``A = (2,2):(10,1)``,
+    ``B = (2,2):(1,1)``: the result is ``(2,2):(10,10)``, 20 at ``i = 3``,
+    but ``A(B(3)) = A(2) = 1``) the sum of ``A``'s per-mode values differs
+    from ``A`` of the sum. ``lhs`` is extended past its size along its
     last mode.
 
     >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))

@@ -163,6 +163,11 @@ class ComposedLayout:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return self.slice_and_offset(crd)[0]
+        return self.offset_of(crd)
+
+    def offset_of(self, crd):
+        """The swizzled offset of a coordinate (what a :class:`Tensor` over
+        this layout indexes its engine with)."""
         inner = self.inner.offset_of(crd)
         return self.outer(inner if is_int(self.offset) and self.offset == 0 else self.offset + inner)
 
