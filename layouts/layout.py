@@ -214,7 +214,10 @@ def _index_function(flat: "Layout"):
 
 
 def _plain(value):
-    """Coordinates leave the algebra as plain tuples (a jax pytree)."""
+    """Coordinates leave the algebra as plain tuples (a jax pytree), also
+    when a single basis term is left (``8:1@0`` at 5 gives ``(5,)``)."""
+    if isinstance(value, ScaledBasis):
+        value = value.to_tuple()
     return tuple(value) if isinstance(value, ArithmeticTuple) else value
 
 

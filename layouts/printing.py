@@ -41,6 +41,8 @@ def _tokens(text: str):
 
 
 def _leaf(tok: str):
+    if not re.fullmatch(r"_?-?\d+(?:@\d+)?", tok):
+        raise ValueError(f"parse_layout: expected a number, got {tok!r}")
     tok = tok.lstrip("_")
     if "@" in tok:
         value, mode = tok.split("@")
@@ -58,6 +60,8 @@ def _tuple(tokens, i):
         items.append(item)
         if tokens[i] == ",":
             i += 1
+        elif tokens[i] != ")":
+            raise ValueError(f"parse_layout: expected ',' or ')' before {tokens[i]!r}")
     return tuple(items), i + 1
 
 
@@ -72,7 +76,7 @@ def parse_layout(text: str):
         if tokens[0].startswith("Sw<"):
             bits, base, shift = (int(x) for x in re.findall(r"-?\d+", tokens[0]))
             if tokens[1] != "o" or tokens[3] != "o":
-                raise ValueError("expected 'Sw<B,M,S> o offset o layout'")
+                raise ValueError(f"parse_layout: expected 'Sw<B,M,S> o offset o layout', got {text!r}")
             inner = parse_layout(" ".join(tokens[4:]))
             return ComposedLayout(Swizzle(bits, base, shift), _leaf(tokens[2]), inner)
         shape, i = _tuple(tokens, 0)
@@ -80,7 +84,7 @@ def parse_layout(text: str):
         if i < len(tokens) and tokens[i] == ":":
             stride, i = _tuple(tokens, i + 1)
         if i != len(tokens):
-            raise ValueError(f"unexpected {' '.join(tokens[i:])!r}")
+            raise ValueError(f"parse_layout: unexpected {' '.join(tokens[i:])!r} in {text!r}")
     except IndexError:
         raise ValueError(f"parse_layout: {text!r} ends early") from None
     return Layout(shape, stride)
