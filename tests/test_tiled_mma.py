@@ -65,6 +65,32 @@ def test_32x32x4_tile_repeats_values():
     assert size(c[1]) == 32 and all(c(t, 8) < 32 * 32 for t in (0, 8, 16))
 
 
+def owners(tv, rows):
+    """{(row, col): "T<t>V<v>"} of a TV layout over a tile with ``rows`` rows;
+    a cell that several threads hold shows the first (as CuTe's pictures do)."""
+    cells = {}
+    for t in range(size(tv[0])):
+        for v in range(size(tv[1])):
+            cells.setdefault(divmod(tv(t, v), rows)[::-1], f"T{t}V{v}")
+    return cells
+
+
+def test_32x32x4_matches_cutes_picture():
+    # Transcribed from CuTe's print_latex of this TiledMMA (mma.sync.8x8x4.NT_2x2_32x32x4.png).
+    mma = tiled("sm70 2x2 32x32x4")
+    c, a = owners(mma.get_layoutC_TV(), 32), owners(mma.get_layoutA_TV(), 32)
+    c_row0 = ("T0V0 T0V1 T2V0 T2V1 T0V4 T0V5 T2V4 T2V5 T4V0 T4V1 T6V0 T6V1 T4V4 T4V5 T6V4 T6V5 "
+              "T0V16 T0V17 T2V16 T2V17 T0V20 T0V21 T2V20 T2V21 T4V16 T4V17 T6V16 T6V17 T4V20 T4V21 T6V20 T6V21")
+    c_col0 = ("T0V0 T1V0 T0V2 T1V2 T16V0 T17V0 T16V2 T17V2 T8V0 T9V0 T8V2 T9V2 T24V0 T25V0 T24V2 T25V2 "
+              "T0V8 T1V8 T0V10 T1V10 T16V8 T17V8 T16V10 T17V10 T8V8 T9V8 T8V10 T9V10 T24V8 T25V8 T24V10 T25V10")
+    a_col0 = ("T0V0 T0V1 T0V2 T0V3 T16V0 T16V1 T16V2 T16V3 T8V0 T8V1 T8V2 T8V3 T24V0 T24V1 T24V2 T24V3 "
+              "T0V4 T0V5 T0V6 T0V7 T16V4 T16V5 T16V6 T16V7 T8V4 T8V5 T8V6 T8V7 T24V4 T24V5 T24V6 T24V7")
+    assert [c[0, n] for n in range(32)] == c_row0.split()
+    assert [c[m, 0] for m in range(32)] == c_col0.split()
+    assert [a[m, 0] for m in range(32)] == a_col0.split()
+    assert [a[0, k] for k in range(4)] == ["T0V0", "T1V0", "T2V0", "T3V0"]
+
+
 def test_m_permutation_makes_a_reads_contiguous():
     plain, permuted = tiled("sm70 2x2 32x32x4"), tiled("sm70 2x2 permuted M")
     a = permuted.get_layoutA_TV()
