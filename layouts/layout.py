@@ -99,7 +99,7 @@ class Layout:
     (4):(1)
     """
 
-    __slots__ = ("shape", "stride", "_modes")  # _modes: the compiled index function
+    __slots__ = ("shape", "stride", "_modes", "__weakref__")  # _modes: the compiled index function
 
     def __init__(self, shape, stride=None, *, order=None):
         shape = _normalize_shape(shape)

@@ -42,7 +42,7 @@ class Swizzle:
     15
     """
 
-    __slots__ = ("bits", "base", "shift")
+    __slots__ = ("bits", "base", "shift", "__weakref__")  # weakref: jax.jit(swizzle)
 
     def __init__(self, bits: int, base: int, shift: int):
         for name, v in (("B", bits), ("M", base), ("S", shift)):
@@ -121,7 +121,7 @@ class ComposedLayout:
     [0, 1, 3, 2]
     """
 
-    __slots__ = ("outer", "offset", "inner")
+    __slots__ = ("outer", "offset", "inner", "__weakref__")
 
     def __init__(self, outer, offset, inner):
         if not isinstance(inner, Layout):

@@ -27,7 +27,7 @@ __all__ = ["Tensor", "make_tensor", "make_identity_tensor", "as_tensor"]
 class Tensor:
     """``engine[offset + layout(c)]``, or ``offset + layout(c)`` with no engine."""
 
-    __slots__ = ("layout", "engine", "_offset")
+    __slots__ = ("layout", "engine", "_offset", "__weakref__")
 
     def __init__(self, layout, engine=None, offset=0):
         object.__setattr__(self, "layout", layout)
