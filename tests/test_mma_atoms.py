@@ -15,7 +15,7 @@ import pytest
 
 from layouts import Layout, filter, size
 from layouts.atoms import MMAAtom, UnknownAtomError, mma_atom, mma_atoms, mma_fragment
-from layouts.atoms.mma_atom import ELEMENT_BITS
+from layouts.dtypes import dtype_bits
 from layouts.atoms.sm90 import GMMA_N_DENSE, GMMA_N_INTEGER
 
 ALL = [mma_atom(name) for name in mma_atoms()]
@@ -229,7 +229,7 @@ def test_sm80_fragments_follow_ptx():
         if not atom.name.startswith(("SM80", "SM89")):
             continue
         m, n, k = atom.shape_mnk
-        bits = ELEMENT_BITS[atom.traits.a_type]
+        bits = dtype_bits(atom.traits.a_type)
         check_fragment(atom.a_layout, m, PTX_A[k, bits], size(atom.a_layout[1]), 32)
         check_fragment(atom.b_layout, n, PTX_B[k, bits], size(atom.b_layout[1]), 32)
         check_fragment(atom.c_layout, m, ptx_c, 4, 32)
@@ -241,7 +241,7 @@ def test_sm90_fragments_follow_ptx():
         if not atom.name.startswith("SM90"):
             continue
         m, n, k = atom.shape_mnk
-        bits = ELEMENT_BITS[atom.traits.a_type]
+        bits = dtype_bits(atom.traits.a_type)
         if atom.operation.a_source == "rmem" and (k, bits) not in seen:
             seen.add((k, bits))
             check_fragment(atom.a_layout, 64, PTX_A[k, bits], size(atom.a_layout[1]), 128)
@@ -271,7 +271,7 @@ def test_every_name_matches_its_traits():
             assert tr.shape_mnk == (64, int(n), int(k))
             assert types == (tr.d_type + tr.a_type + tr.b_type).upper() and tr.c_type == tr.d_type
             assert atom.operation.a_source == {"SS": "smem", "RS": "rmem"}[source]
-            assert (tn is None) == (ELEMENT_BITS[tr.a_type] == 16)   # only 16-bit inputs may be MN-major
+            assert (tn is None) == (dtype_bits(tr.a_type) == 16)   # only 16-bit inputs may be MN-major
             assert int(n) in (GMMA_N_INTEGER if tr.a_type in ("s8", "u8") else GMMA_N_DENSE)
         else:
             arch, m, n, k, types, _ = mma_sync.match(atom.name).groups()
@@ -315,7 +315,7 @@ def test_every_register_count_holds_the_values():
             if source == "smem":
                 assert str(regs) == "uint64_t[1]", atom.name       # a matrix descriptor
             else:
-                assert regs.count * 32 == size(layout[1]) * ELEMENT_BITS[dtype], atom.name
+                assert regs.count * 32 == size(layout[1]) * dtype_bits(dtype), atom.name
         assert op.d_registers == (None if atom.name.startswith("SM90") else op.c_registers)
 
 

@@ -25,17 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import dtype_bits
 from ..layout import Layout, size
 
-__all__ = ["Registers", "MMAOperation", "MMATraits", "MMAAtom", "ELEMENT_BITS", "registers_for"]
-
-ELEMENT_BITS = {
-    "f64": 64, "f32": 32, "tf32": 32, "s32": 32,
-    "f16": 16, "bf16": 16,
-    "e4m3": 8, "e5m2": 8, "s8": 8, "u8": 8,
-}
-"""Storage width of each element type (PTX names), in bits."""
-
+__all__ = ["Registers", "MMAOperation", "MMATraits", "MMAAtom", "registers_for"]
 
 @dataclass(frozen=True)
 class Registers:
@@ -61,7 +54,7 @@ def registers_for(dtype: str, values: int) -> Registers:
     """
     if dtype == "f32":
         return Registers("float", values)
-    bits = ELEMENT_BITS[dtype] * values
+    bits = dtype_bits(dtype) * values
     if bits % 32:
         raise ValueError(f"registers_for: {values} x {dtype} do not fill whole 32-bit registers")
     return Registers("uint32_t", bits // 32)

@@ -12,9 +12,10 @@ SM89, so those atoms are named ``SM89_...`` as in CuTe.
 
 from __future__ import annotations
 
+from ..dtypes import dtype_bits
 from ..layout import Layout, size
 from .fragments import mma_fragment
-from .mma_atom import ELEMENT_BITS, MMAAtom, MMAOperation, MMATraits, registers_for
+from .mma_atom import MMAAtom, MMAOperation, MMATraits, registers_for
 
 __all__ = ["sm80_atoms"]
 
@@ -32,8 +33,8 @@ _FAMILIES = [   # (K, [(accumulator, a, b), ...])
 def _atom(k: int, acc: str, a: str, b: str) -> MMAAtom:
     arch = "SM89" if a.startswith("e") else "SM80"
     name = f"{arch}_16x8x{k}_{acc.upper()}{a.upper()}{b.upper()}{acc.upper()}_TN"
-    a_layout = mma_fragment(16, k, pack=32 // ELEMENT_BITS[a])
-    b_layout = mma_fragment(8, k, pack=32 // ELEMENT_BITS[b])
+    a_layout = mma_fragment(16, k, pack=32 // dtype_bits(a))
+    b_layout = mma_fragment(8, k, pack=32 // dtype_bits(b))
     c_layout = mma_fragment(16, 8, pack=2)
     c_registers = registers_for(acc, size(c_layout[1]))
     operation = MMAOperation(

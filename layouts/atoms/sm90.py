@@ -18,9 +18,10 @@ only, which CuTe marks with a ``_TN`` suffix.
 
 from __future__ import annotations
 
+from ..dtypes import dtype_bits
 from ..layout import Layout, size
 from .fragments import mma_fragment
-from .mma_atom import ELEMENT_BITS, MMAAtom, MMAOperation, MMATraits, Registers, registers_for
+from .mma_atom import MMAAtom, MMAOperation, MMATraits, Registers, registers_for
 
 __all__ = ["sm90_atoms", "GMMA_N_DENSE", "GMMA_N_INTEGER"]
 
@@ -55,7 +56,7 @@ def _atom(n: int, k: int, acc: str, a: str, b: str, a_in_registers: bool, transp
     name = f"SM90_64x{n}x{k}_{acc.upper()}{a.upper()}{b.upper()}_{source}" + ("" if transposable else "_TN")
     majors = ("K", "MN") if transposable else ("K",)
     if a_in_registers:
-        a_layout = mma_fragment(64, k, pack=32 // ELEMENT_BITS[a], warps=4)
+        a_layout = mma_fragment(64, k, pack=32 // dtype_bits(a), warps=4)
         a_registers = registers_for(a, size(a_layout[1]))
     else:
         a_layout, a_registers = smem_layout(64, k), _DESCRIPTOR
