@@ -1,0 +1,335 @@
+"""Autotuning: enumerate the valid configs of a problem, time them, cache the winner.
+
+The search has two phases. Phase 1 times every candidate of `candidate_configs`
+(tiles, stages, schedule, warpgroup split and cluster, pruned by
+`GemmConfig.validate` and by the problem's size); phase 2 times the raster
+order and group width of the fastest few (`raster_variants`), which only
+change the order tiles are visited in. The winner is stored in the tuning
+cache (`pallas_gemm.tuning_cache`), where `matmul` finds it.
+
+The timer is a function `GemmConfig -> milliseconds`; on the GPU it is
+`cupti_timer` (CUPTI, median of several runs), elsewhere any stand-in:
+
+>>> import os, tempfile
+>>> from pallas_gemm.tuning_cache import TuningCache
+>>> cache = TuningCache(os.path.join(tempfile.mkdtemp(), "tuning.json"))
+>>> fake_ms = lambda cfg: 1e4 / (cfg.tile_m * cfg.tile_n) - 0.01 * cfg.stages  # big tiles win
+>>> best = autotune((4096, 4096, 4096), "bfloat16", "NN", None, timer=fake_ms, cache=cache)
+>>> (best.tile_m, best.tile_n, best.stages)
+(128, 256, 4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import numbers
+import os
+import statistics
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm import raster
+from pallas_gemm import tuning_cache
+from pallas_gemm.config import CLUSTERS, SCHEDULES, WG_SPLITS, GemmConfig, GemmProblem, tiles
+
+AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
+"""Set to 1 to let `matmul` tune shapes the cache does not know (outside jit only)."""
+
+TILE_OVERHANG = 64
+"""A tile may extend past the problem by less than this (one WGMMA row block)."""
+
+Timer = Callable[[GemmConfig], float]
+"""Runs the kernel with a config and returns its time in milliseconds (may raise)."""
+
+Progress = Callable[[int, int, GemmConfig, "float | None"], None]
+"""Called after each trial with (done, total, config, ms or None if it failed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+  """The values tried for each `GemmConfig` field.
+
+  Attributes:
+    deepest_stages: per tile shape and schedule, how many of the deepest rings
+      that fit in SMEM are tried (the persistent kernel runs one CTA per SM, so
+      SMEM left unused by a shallower ring buys nothing).
+    refine_top: how many of phase 1's fastest configs get raster variants.
+  """
+
+  tile_m: tuple[int, ...] = (64, 128, 256)
+  tile_n: tuple[int, ...] = (64, 128, 192, 256)
+  tile_k: tuple[int, ...] = (32, 64, 128)
+  stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7)
+  schedule: tuple[str, ...] = SCHEDULES
+  wg_split: tuple[str, ...] = WG_SPLITS
+  cluster: tuple[tuple[int, int], ...] = CLUSTERS
+  epilogue_tile: tuple[tuple[int, int] | None, ...] = ((64, 64),)
+  raster: tuple[str, ...] = raster.ORDERS
+  group: tuple[int, ...] = (4, 8, 16)
+  deepest_stages: int = 2
+  refine_top: int = 3
+
+
+# -- the problem --------------------------------------------------------------
+def make_problem(shape_or_args, dtype="bfloat16", layout: str = "NN", epilogue: str | None = None,
+                 *, out_dtype=None) -> tuple[GemmProblem, str | None]:
+  """The (GemmProblem, activation) that `matmul` would see.
+
+  Args:
+    shape_or_args: (M, N, K), (batch, M, N, K), or the operands (a, b) as
+      arrays or `jax.ShapeDtypeStruct`s stored as `layout` says (then their
+      dtype is used).
+    dtype: operand dtype when a shape is given.
+    layout: "NN", "NT", "TN" or "TT": A then B, "T" meaning stored transposed
+      (A as (K, M), B as (N, K)).
+    epilogue: None/"none", or "+"-joined parts: "bias", "c", an activation.
+    out_dtype: defaults to `dtype`.
+
+  >>> p, act = make_problem((8, 4096, 11008), layout="NT", epilogue="bias+silu")
+  >>> (p.m, p.n, p.k, p.transpose_b, p.has_bias, act)
+  (8, 4096, 11008, True, True, 'silu')
+  """
+  layout = layout.upper()
+  if len(layout) != 2 or set(layout) - {"N", "T"}:
+    raise ValueError(f"layout must be one of NN, NT, TN, TT, got {layout!r}")
+  transpose_a, transpose_b = layout[0] == "T", layout[1] == "T"
+  if all(isinstance(d, numbers.Integral) for d in shape_or_args):
+    dims = tuple(int(d) for d in shape_or_args)
+    if len(dims) not in (3, 4):
+      raise ValueError(f"shape must be (M, N, K) or (batch, M, N, K), got {dims}")
+    batch, (m, n, k) = (dims[0], dims[1:]) if len(dims) == 4 else (1, dims)
+  else:
+    a, b = shape_or_args
+    m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
+    kb, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
+    if k != kb:
+      raise ValueError(f"a {a.shape} and b {b.shape} disagree on K under layout {layout}")
+    batch, dtype = math.prod(a.shape[:-2] or b.shape[:-2]), a.dtype
+  has_bias, has_c, activation = tuning_cache.parse_epilogue(epilogue)
+  problem = GemmProblem(
+      m=m, n=n, k=k, batch=batch, dtype=jnp.dtype(dtype).name,
+      out_dtype=jnp.dtype(out_dtype or dtype).name, transpose_a=transpose_a,
+      transpose_b=transpose_b, has_bias=has_bias, has_c=has_c)
+  return problem, activation
+
+
+# -- the candidates -----------------------------------------------------------
+def _is_valid(config: GemmConfig, problem: GemmProblem) -> bool:
+  try:
+    config.validate(problem)
+  except ValueError:
+    return False
+  return True
+
+
+def _fits_problem(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int, cluster) -> bool:
+  """No tile overhangs the problem by a whole row block; clusters need >= 2 tiles to share."""
+  overhang = lambda extent, tile: tile < max(TILE_OVERHANG, extent) + TILE_OVERHANG
+  cm, cn = cluster
+  return (overhang(problem.m, tile_m) and overhang(problem.n, tile_n)
+          and overhang(problem.k, tile_k)
+          and (cm == 1 or tiles(problem.m, tile_m) >= cm)
+          and (cn == 1 or tiles(problem.n, tile_n) >= cn))
+
+
+def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) -> list[GemmConfig]:
+  """Every config of `space` that is worth timing for `problem` (phase 1).
+
+  Kept: configs that pass `GemmConfig.validate(problem)` (SMEM budget, WGMMA
+  shapes, swizzle divisibility, registers), whose tiles do not overhang the
+  problem by a whole 64-row block, whose clusters have tiles to share, and,
+  per tile shape and schedule, the `space.deepest_stages` deepest rings that
+  fit; pingpong's two rings need an even number of stages, at least 2 each.
+  Raster order and group stay at their defaults (see `raster_variants`).
+
+  >>> len(candidate_configs(GemmProblem(m=8, n=8, k=8))) >= 1
+  True
+  """
+  configs = []
+  for tm, tn, tk, schedule, cluster, epilogue_tile in itertools.product(
+      space.tile_m, space.tile_n, space.tile_k, space.schedule, space.cluster,
+      space.epilogue_tile):
+    if not _fits_problem(problem, tm, tn, tk, cluster):
+      continue
+    splits = space.wg_split if schedule == "cooperative" else (GemmConfig.wg_split,)
+    for wg_split in splits:
+      fitting = []
+      for stages in sorted(space.stages, reverse=True):
+        if schedule == "pingpong" and (stages % 2 or stages < 4):
+          continue
+        config = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, schedule=schedule,
+                            wg_split=wg_split, cluster=cluster, epilogue_tile=epilogue_tile)
+        if _is_valid(config, problem):
+          fitting.append(config)
+        if len(fitting) == space.deepest_stages:
+          break
+      configs += fitting
+  return configs
+
+
+def raster_variants(config: GemmConfig, space: SearchSpace = SearchSpace()) -> list[GemmConfig]:
+  """`config` with every other raster order and group width of `space` (phase 2).
+
+  >>> len(raster_variants(GemmConfig()))  # 2 orders x 3 groups, less the config itself
+  5
+  """
+  return [dataclasses.replace(config, raster=order, group=group)
+          for order, group in itertools.product(space.raster, space.group)
+          if (order, group) != (config.raster, config.group)]
+
+
+# -- timing -------------------------------------------------------------------
+def _random_operands(problem: GemmProblem, seed: int):
+  """(a, b, bias, c) for `problem`, iid standard normal, stored as its layout says."""
+  ka, kb, kbias, kc = jax.random.split(jax.random.key(seed), 4)
+  lead = (problem.batch,) if problem.batch > 1 else ()
+  a_shape = (problem.k, problem.m) if problem.transpose_a else (problem.m, problem.k)
+  b_shape = (problem.n, problem.k) if problem.transpose_b else (problem.k, problem.n)
+  normal = lambda key, shape, dtype: jax.random.normal(key, shape, jnp.float32).astype(dtype)
+  a = normal(ka, lead + a_shape, problem.dtype)
+  b = normal(kb, lead + b_shape, problem.dtype)
+  bias = normal(kbias, (problem.n,), jnp.float32) if problem.has_bias else None
+  c = normal(kc, lead + (problem.m, problem.n), problem.out_dtype) if problem.has_c else None
+  return a, b, bias, c
+
+
+def cupti_timer(problem: GemmProblem, activation: str | None = None, *, iterations: int = 20,
+                implementation: str = "pallas", measure=None, seed: int = 0) -> Timer:
+  """A `Timer` that runs `matmul` on random operands and returns the median time (ms).
+
+  Times are CUPTI's (`jax.experimental.mosaic.gpu.profiler.measure`), summed
+  over the kernels of one call (padding copies included, as a user pays
+  them), median over `iterations` calls after one warm-up. `measure` and
+  `implementation` can be replaced, e.g. to exercise this on a CPU.
+  """
+  from pallas_gemm.matmul import matmul  # not at the top: matmul consults this module
+
+  if measure is None:
+    from jax.experimental.mosaic.gpu import profiler
+
+    measure = profiler.measure
+  operands = _random_operands(problem, seed)
+
+  def time_ms(config: GemmConfig) -> float:
+    def run(a, b, bias, c):
+      return matmul(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+                    bias=bias, activation=activation, c=c, beta=1.0 if problem.has_c else 0.0,
+                    out_dtype=problem.out_dtype, config=config, implementation=implementation)
+
+    _, times = measure(jax.jit(run), iterations=iterations)(*operands)
+    if times is None:
+      raise RuntimeError("no kernel was launched")
+    return statistics.median(times if isinstance(times, list) else [times])
+
+  return time_ms
+
+
+def _fastest(configs, timer: Timer, progress: Progress | None, done: int, total: int):
+  """[(ms, config)] of the configs that ran, fastest first; and the failures."""
+  timed, failures = [], []
+  for i, config in enumerate(configs):
+    try:
+      ms = float(timer(config))
+      if not math.isfinite(ms) or ms <= 0:
+        raise ValueError(f"timer returned {ms} ms")
+    except Exception as e:  # noqa: BLE001 -- a valid config can still fail to compile or run
+      failures.append((config, e))
+      ms = None
+    else:
+      timed.append((ms, i, config))
+    if progress:
+      progress(done + i + 1, total, config, ms)
+  return [(ms, config) for ms, _, config in sorted(timed)], failures
+
+
+def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: Timer | None = None,
+                 space: SearchSpace = SearchSpace(), cache: tuning_cache.TuningCache | None = None,
+                 progress: Progress | None = None) -> GemmConfig:
+  """Times the candidates of `problem`, stores the fastest in `cache`, returns it.
+
+  `timer` defaults to `cupti_timer(problem, activation)` (needs the GPU);
+  `cache` to the default cache. Candidates that fail are skipped with one
+  warning; if all fail, RuntimeError.
+  """
+  candidates = candidate_configs(problem, space)
+  if not candidates:
+    GemmConfig().validate(problem)  # raises the reason when the problem itself is unsupported
+    raise ValueError(f"no config of the search space is valid for {problem}")
+  timer = timer or cupti_timer(problem, activation)
+  per_config = len(raster_variants(candidates[0], space))
+  estimate = len(candidates) + min(space.refine_top, len(candidates)) * per_config
+  ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
+  variants = [v for _, config in ranked[:space.refine_top] for v in raster_variants(config, space)]
+  refined, more_failures = _fastest(variants, timer, progress, len(candidates),
+                                    len(candidates) + len(variants))
+  failures += more_failures
+  if failures:
+    config, error = failures[0]
+    warnings.warn(f"{len(failures)} of {len(candidates) + len(variants)} configs failed for "
+                  f"{problem} (first: {config}: {type(error).__name__}: {error})", stacklevel=2)
+  if not ranked:
+    raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
+  best_ms, best = min(ranked[:1] + refined[:1], key=lambda pair: pair[0])
+  cache = cache or tuning_cache.default_cache()
+  cache.store(tuning_cache.TuningKey.current(problem, activation), best, best_ms)
+  return best
+
+
+def autotune(shape_or_args, dtype="bfloat16", layout: str = "NN", epilogue: str | None = None, *,
+             out_dtype=None, timer: Timer | None = None, space: SearchSpace = SearchSpace(),
+             cache: tuning_cache.TuningCache | None = None,
+             progress: Progress | None = None) -> GemmConfig:
+  """Tunes one problem (see `make_problem` for the arguments) and caches the winner.
+
+  Returns the fastest `GemmConfig`; `matmul` picks it up from the cache.
+  """
+  problem, activation = make_problem(shape_or_args, dtype, layout, epilogue, out_dtype=out_dtype)
+  return tune_problem(problem, activation, timer=timer, space=space, cache=cache,
+                      progress=progress)
+
+
+# -- what matmul calls --------------------------------------------------------
+def in_trace(*operands) -> bool:
+  """Whether jax is tracing (jit, grad, vmap, ...): work done now would be staged, not run.
+
+  True if an operand is a `jax.core.Tracer`; also, through jax's private trace
+  state where it exists, when the operands are constants closed over by a trace.
+  """
+  if any(isinstance(x, jax.core.Tracer) for x in operands):
+    return True
+  from jax._src import core as jax_core
+
+  clean = getattr(jax_core, "trace_state_clean", None)
+  return clean is not None and not clean()
+
+
+def tuning_requested(tune: bool | None = None) -> bool:
+  """`tune` if given, else whether $PALLAS_GEMM_AUTOTUNE is 1 (or true/yes/on)."""
+  if tune is not None:
+    return tune
+  return os.environ.get(AUTOTUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_config(problem: GemmProblem, activation: str | None = None, *, operands=(),
+                   tune: bool | None = None) -> GemmConfig | None:
+  """The config `matmul` should use, or None for the heuristic `default_config`.
+
+  The cached winner if there is one; else, when tuning is requested
+  (`tuning_requested(tune)`) and jax is not tracing `operands`, a fresh
+  `tune_problem` (minutes: it compiles and times every candidate); else None.
+  Inside a trace it never tunes (the timing runs would be staged into the
+  traced program); it warns instead.
+  """
+  config = tuning_cache.lookup_config(problem, activation)
+  if config is not None or not tuning_requested(tune):
+    return config
+  if in_trace(*operands):
+    warnings.warn(f"{AUTOTUNE_ENV}: not tuning {problem} inside a jax trace; call matmul once "
+                  "outside jit, or run `python -m pallas_gemm.tune`", stacklevel=2)
+    return None
+  return tune_problem(problem, activation)

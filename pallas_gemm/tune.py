@@ -1,0 +1,151 @@
+"""Tune GEMM shapes ahead of time and write the tuning cache.
+
+    python -m pallas_gemm.tune --shapes my_shapes.json    # a shapes file (see benchmarks.shapes)
+    python -m pallas_gemm.tune --sweep llm                # a named sweep of benchmarks/shapes
+    python -m pallas_gemm.tune --sweep odd --dry-run      # list the candidates; no GPU needed
+
+Tuning needs a Hopper GPU: without one it says so and exits with status 2.
+The cache goes to --cache, else $PALLAS_GEMM_CACHE, else the platform's cache
+directory (see `pallas_gemm.tuning_cache.cache_path`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app
+from absl import flags
+import jax
+
+from pallas_gemm import autotune
+from pallas_gemm import tuning_cache
+
+_SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
+_SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per shape; time nothing")
+_CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
+                             "platform's cache directory)")
+_ITERATIONS = flags.DEFINE_integer("iterations", 20, "timed runs per config (median is kept)")
+_DEEPEST_STAGES = flags.DEFINE_integer(
+    "deepest_stages", autotune.SearchSpace.deepest_stages,
+    "per tile shape and schedule, how many of the deepest SMEM rings to try (1 halves the search)")
+_REFINE_TOP = flags.DEFINE_integer(
+    "refine_top", autotune.SearchSpace.refine_top,
+    "how many of the fastest configs get their raster order and group tuned")
+
+NO_GPU_STATUS = 2
+
+
+def describe(config) -> str:
+  """One line per config, e.g. '128x256x64 s4 cooperative/m cluster 1x1 along_n/8'."""
+  schedule = config.schedule + ("/" + config.wg_split if config.schedule == "cooperative" else "")
+  return (f"{config.tile_m}x{config.tile_n}x{config.tile_k} s{config.stages} {schedule} "
+          f"cluster {config.cluster[0]}x{config.cluster[1]} {config.raster}/{config.group}")
+
+
+def missing_gpu() -> str | None:
+  """Why tuning cannot run here (no Hopper GPU), or None if it can."""
+  device = jax.devices()[0]
+  if device.platform != "gpu":
+    return f"no GPU (jax's default device is {device.device_kind!r})"
+  capability = str(getattr(device, "compute_capability", "9.0"))
+  if not capability.startswith("9."):
+    return f"{device.device_kind} is not a Hopper GPU (compute capability {capability})"
+  return None
+
+
+class ProgressBar:
+  """A one-line text progress bar: `[#####.....] 52/174 best 0.412 ms`.
+
+  On a terminal it redraws in place; elsewhere (CI logs) it prints a line at
+  every tenth of the way.
+  """
+
+  def __init__(self, stream, width: int = 30):
+    self.stream, self.width = stream, width
+    self.best_ms = None
+    self._tty = stream.isatty()
+
+  def __call__(self, done: int, total: int, config, ms: float | None) -> None:
+    if ms is not None and (self.best_ms is None or ms < self.best_ms):
+      self.best_ms = ms
+    if not self._tty and done * 10 // total == (done - 1) * 10 // total:
+      return
+    filled = self.width * done // total
+    best = "none yet" if self.best_ms is None else f"{self.best_ms:.4f} ms"
+    line = f"  [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} best {best}"
+    self.stream.write(f"\r{line}" if self._tty else f"{line}\n")
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self._tty:
+      self.stream.write("\n")
+
+
+def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
+                space: autotune.SearchSpace = autotune.SearchSpace(), out=sys.stdout,
+                err=sys.stderr, timer_factory=autotune.cupti_timer, iterations: int = 20) -> int:
+  """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
+
+  Returns the exit status: 0, or `NO_GPU_STATUS` when tuning needs a GPU that
+  is not there. `timer_factory(problem, activation, iterations=...)` makes the
+  timer of one shape.
+  """
+  reason = None if dry_run else missing_gpu()
+  if reason:
+    err.write(f"pallas_gemm.tune: cannot tune: {reason}. Tuning times kernels on a Hopper GPU; "
+              "--dry-run lists the candidate configs without one.\n")
+    return NO_GPU_STATUS
+  for i, shape in enumerate(shapes, 1):
+    problem, activation = shape.problem()
+    candidates = autotune.candidate_configs(problem, space)
+    name = f" ({shape.name})" if shape.name else ""
+    out.write(f"[{i}/{len(shapes)}] {shape.label}{name}: {len(candidates)} candidates "
+              f"(then raster variants of the fastest {space.refine_top})\n")
+    if dry_run:
+      out.writelines(f"    {describe(config)}\n" for config in candidates)
+      continue
+    bar = ProgressBar(out)
+    timer = timer_factory(problem, activation, iterations=iterations)
+    best = autotune.tune_problem(problem, activation, timer=timer, space=space, cache=cache,
+                                 progress=bar)
+    bar.close()
+    ms = cache.record(tuning_cache.TuningKey.current(problem, activation)).time_ms
+    out.write(f"  best {describe(best)}: {ms:.4f} ms, {problem.flops / ms / 1e9:.1f} TFLOP/s\n")
+  if not dry_run:
+    out.write(f"wrote {cache.path}\n")
+  return 0
+
+
+def _load_shapes():
+  from benchmarks import shapes  # the shapes-file format lives with the sweeps
+
+  if (_SHAPES.value is None) == (_SWEEP.value is None):
+    raise app.UsageError("give exactly one of --shapes FILE or --sweep NAME")
+  if _SWEEP.value:
+    return shapes.load_sweep(_SWEEP.value)
+  return shapes.load_shapes(_SHAPES.value)
+
+
+def main(argv) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cache = tuning_cache.TuningCache(_CACHE.value or tuning_cache.cache_path())
+  space = autotune.SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
+  return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
+                     iterations=_ITERATIONS.value)
+
+
+def parse_flags(argv):
+  """absl flag parsing that also accepts dashes in flag names (`--dry-run`)."""
+  def underscored(arg):
+    if not arg.startswith("--"):
+      return arg
+    name, eq, value = arg.partition("=")
+    return name[:2] + name[2:].replace("-", "_") + eq + value
+
+  return flags.FLAGS([argv[0]] + [underscored(arg) for arg in argv[1:]])
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
