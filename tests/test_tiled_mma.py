@@ -204,6 +204,22 @@ def test_partition_slices_a_numpy_tensor():
     assert got == [c[1, 2], c[1, 3], c[9, 2], c[9, 3], c[1, 18], c[1, 19], c[9, 18], c[9, 19]]
 
 
+def test_partition_with_a_traced_thread_index():
+    jax = pytest.importorskip("jax")
+    mma = tiled("sm90 ss 2x1")
+    c = np.arange(128 * 32).reshape(128, 32)
+    layout = Layout((128, 32), LayoutRight)
+
+    @jax.jit
+    def thread_values(t):
+        frag = mma.partition_c(make_tensor(jax.numpy.asarray(c), layout), t)
+        return jax.numpy.stack([frag(i) for i in range(16)])
+
+    for t in (0, 37, 200):
+        frag = mma.partition_c(make_tensor(c, layout), t)
+        np.testing.assert_array_equal(thread_values(t), [frag(i) for i in range(16)])
+
+
 # -- errors and structure -------------------------------------------------------------
 
 def test_a_lone_quadpair_has_no_contiguous_thread_index():

@@ -30,6 +30,7 @@ from ..layout import Layout, size
 
 __all__ = ["Registers", "MMAOperation", "MMATraits", "MMAAtom", "registers_for"]
 
+
 @dataclass(frozen=True)
 class Registers:
     """A per-thread register array of one operand, written as CuTe does.
