@@ -16,7 +16,7 @@ elements that is ``Sw<B,3,3>``, on 32-bit ``Sw<B,2,3>``, on 8-bit
 ``Sw<B,4,3>`` (:func:`gmma_swizzle`). Bytes and elements are converted only
 through the core's ``recast``.
 
->>> gmma_swizzle(128, "bf16")
+>>> gmma_swizzle("bf16", 128)
 Sw<3,3,3>
 >>> gmma_smem_layout("bf16", (128, 128), "K")
 Sw<3,3,3> o _0 o ((8,16),(64,2)):((64,1024),(1,512))
@@ -88,13 +88,13 @@ def _mode_name(swizzle: int) -> str:
     return f"{swizzle}B-swizzled" if swizzle else "no-swizzle"
 
 
-def gmma_swizzle(swizzle: int, dtype) -> Swizzle:
+def gmma_swizzle(dtype, swizzle: int) -> Swizzle:
     """PTX's swizzle of ``swizzle`` bytes as a swizzle on ``dtype`` elements.
 
     PTX's ``Swizzle<B,4,3>`` acts on byte addresses; this is the same
     permutation on element offsets (``recast`` of it).
 
-    >>> gmma_swizzle(128, "bf16"), gmma_swizzle(64, "tf32"), gmma_swizzle(32, "e4m3")
+    >>> gmma_swizzle("bf16", 128), gmma_swizzle("tf32", 64), gmma_swizzle("e4m3", 32)
     (Sw<3,3,3>, Sw<2,2,3>, Sw<1,4,3>)
     """
     return recast(_byte_swizzle(_check_swizzle(swizzle)), 8, _operand_bits(dtype))
@@ -258,7 +258,7 @@ def _swizzle_of(byte_swizzle: Swizzle, element_swizzle, bits: int) -> int:
         return 0
     width = _CORE_ROW_BYTES << byte_swizzle.bits
     if (byte_swizzle.base, byte_swizzle.shift) != (4, 3) or width not in _SWIZZLES:
-        expected = ", ".join(f"{s}B = {gmma_swizzle(s, bits)}" for s in _SWIZZLES)
+        expected = ", ".join(f"{s}B = {gmma_swizzle(bits, s)}" for s in _SWIZZLES)
         raise ValueError(
             f"the swizzle {element_swizzle} on {bits}-bit elements is {byte_swizzle} on bytes; WGMMA "
             f"swizzles are Sw<B,4,3> on byte addresses, on {bits}-bit elements: {expected}")

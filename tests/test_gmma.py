@@ -37,7 +37,7 @@ def is_injective(layout) -> bool:
 def doc_layout(swizzle_bytes, text, dtype):
     """The document's ``Swizzle<B,4,3> o layout``: the swizzle acts on bytes,
     the layout is in elements; in our algebra both must be in elements."""
-    return composition(gmma_swizzle(swizzle_bytes, dtype), Layout.parse(text))
+    return composition(gmma_swizzle(dtype, swizzle_bytes), Layout.parse(text))
 
 
 def test_docstring_examples():
@@ -68,7 +68,7 @@ def test_dtype_bits_numpy_and_jax():
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("swizzle", SWIZZLES)
 def test_gmma_swizzle_is_ptx_byte_swizzle_in_elements(swizzle, bits):
-    sw = gmma_swizzle(swizzle, bits)
+    sw = gmma_swizzle(bits, swizzle)
     b = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle]
     assert recast(sw, bits, 8) == Swizzle(b, 4, 3)
     assert sw == Swizzle(b, 4 - (bits // 8).bit_length() + 1, 3)  # 8: M=4, 16: M=3, 32: M=2
@@ -137,7 +137,7 @@ def test_canonical_layouts_are_the_table(major, swizzle, bits):
     t, e = 128 // bits, bits // 8
     m, k = 3, 1 if (major == "K" and swizzle == 32) else 2
     lbo, sbo = 4096, 8192  # bytes: far apart, so every stride is visible
-    expected = composition(gmma_swizzle(swizzle, bits),
+    expected = composition(gmma_swizzle(bits, swizzle),
                            table_formula(major, swizzle, t, m, k, lbo // e, sbo // e))
     # (K-major swizzled: LBO is "not used", the table's K stride is T)
     assert gmma_canonical_layout(major, swizzle, bits, m, k, lbo=lbo, sbo=sbo) == expected
@@ -238,9 +238,9 @@ def test_column_major_blas_a_is_mn_major():
     #   Non-Transposed: A K-major; Transposed: A M-major".
     # A non-transposed column-major M×K matrix has M contiguous: element (i, k)
     # is at i + k*lda. That is MN-major (and the transposed one is K-major).
-    a_col_major = composition(gmma_swizzle(128, "bf16"), Layout((64, 16), (1, 64)))
+    a_col_major = composition(gmma_swizzle("bf16", 128), Layout((64, 16), (1, 64)))
     assert make_gmma_desc(a_col_major, "bf16").major == "MN"
-    a_transposed = composition(gmma_swizzle(128, "bf16"), Layout((16, 64), (64, 1)))
+    a_transposed = composition(gmma_swizzle("bf16", 128), Layout((16, 64), (64, 1)))
     assert make_gmma_desc(a_transposed, "bf16").major == "K"
 
 
@@ -275,14 +275,14 @@ def test_start_address_and_base_offset():
     (composition(Swizzle(3, 4, 3), Layout((64, 64), (64, 1))), "bf16", r"Sw<3,5,3> on bytes.*128B = Sw<3,3,3>"),
     # plain row-major tile without swizzle: rows 128 bytes apart, not 16
     (Layout((64, 64), (64, 1)), "bf16", "8 rows of a core matrix must be 16 bytes apart"),
-    (composition(gmma_swizzle(128, "bf16"), Layout((64, 8), (64, 1))), "bf16", "multiple of 32 bytes"),
-    (composition(gmma_swizzle(128, "bf16"), Layout((12, 64), (64, 1))), "bf16", "multiple of 8"),
-    (composition(gmma_swizzle(128, "bf16"), Layout((64, 64), (128, 1))), "bf16", "must be 128 bytes apart"),
-    (composition(gmma_swizzle(64, "bf16"), Layout((32, 64), (1, 64))), "bf16", "must be 64 bytes apart"),
-    (composition(gmma_swizzle(64, "bf16"), Layout((64, 16), (1, 64))), "bf16", "must be 64 bytes apart"),
+    (composition(gmma_swizzle("bf16", 128), Layout((64, 8), (64, 1))), "bf16", "multiple of 32 bytes"),
+    (composition(gmma_swizzle("bf16", 128), Layout((12, 64), (64, 1))), "bf16", "multiple of 8"),
+    (composition(gmma_swizzle("bf16", 128), Layout((64, 64), (128, 1))), "bf16", "must be 128 bytes apart"),
+    (composition(gmma_swizzle("bf16", 64), Layout((32, 64), (1, 64))), "bf16", "must be 64 bytes apart"),
+    (composition(gmma_swizzle("bf16", 64), Layout((64, 16), (1, 64))), "bf16", "must be 64 bytes apart"),
     (Layout((16, 16), (16, 2)), "bf16", "neither K nor MN"),
     (Layout((16, 16, 2), (16, 1, 256)), "bf16", "rank-2"),
-    (composition(gmma_swizzle(128, "e4m3"), Layout((128, 64), (1, 128))), "e4m3", "K-major only"),
+    (composition(gmma_swizzle("e4m3", 128), Layout((128, 64), (1, 128))), "e4m3", "K-major only"),
     (gmma_canonical_layout("K", 0, "bf16", 2, 1, lbo=16, sbo=128), "bf16", "overlaps itself"),
     (Layout(((8, 2), (8, 2)), ((8, 132), (1, 64))), "bf16", "SBO = 264 bytes cannot be encoded"),
     (Layout(((8, (2, 2)), (8, 2)), ((8, (64, 256)), (1, 128))), "bf16", r"repeat at one stride \(SBO\)"),
