@@ -29,6 +29,7 @@ from .layout import (
     Layout, append, composition, logical_divide, make_layout, rank, right_inverse, size,
     tiled_product, zipped_divide,
 )
+from .swizzle import ComposedLayout
 from .tensor import Tensor, as_tensor
 
 __all__ = ["TiledMMA", "make_tiled_mma"]
@@ -66,7 +67,10 @@ class TiledMMA:
     @lru_cache(maxsize=256)   # every thread partitions the same tensor layout
     def _thread_fragments(self, layout, operand: str) -> Layout:
         """``layout`` (an operand's tile or tensor) as
-        ``((ThrV, (ThrI, ThrJ)), (FrgV, (RestI, RestJ)))``, CuTe's ``thrfrg_A/B/C``."""
+        ``((ThrV, (ThrI, ThrJ)), (FrgV, (RestI, RestJ)))``, CuTe's ``thrfrg_A/B/C``.
+        A swizzled layout keeps its swizzle outside: its inner layout is split."""
+        if isinstance(layout, ComposedLayout):
+            return layout.map_inner(lambda inner: self._thread_fragments(inner, operand))
         i, j = _MODES[operand]
         atom_tv, _ = self.atom.operand(operand)
         vmnk = self.thr_layout_vmnk

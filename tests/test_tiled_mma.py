@@ -204,6 +204,18 @@ def test_partition_slices_a_numpy_tensor():
     assert got == [c[1, 2], c[1, 3], c[9, 2], c[9, 3], c[1, 18], c[1, 19], c[9, 18], c[9, 19]]
 
 
+def test_partition_of_a_swizzled_tensor():
+    # A swizzled shared-memory tile: thread t reads the swizzled offsets of the
+    # same elements it would read in the plain tile.
+    mma = tiled("sm80 2x2 N=32")
+    plain = Layout((32, 64), LayoutRight)
+    swizzled = Layout.parse("Sw<3,3,3> o _0 o (32,64):(64,1)")
+    for t in (0, 5, 127):
+        a_plain, a_swizzled = mma.partition_a(Tensor(plain), t), mma.partition_a(Tensor(swizzled), t)
+        n = size(a_plain.layout)
+        assert [a_swizzled(i) for i in range(n)] == [swizzled.outer(a_plain(i)) for i in range(n)]
+
+
 def test_partition_with_a_traced_thread_index():
     jax = pytest.importorskip("jax")
     mma = tiled("sm90 ss 2x1")
