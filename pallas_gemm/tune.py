@@ -17,8 +17,8 @@ from absl import app
 from absl import flags
 import jax
 
-from pallas_gemm import autotune
 from pallas_gemm import tuning_cache
+from pallas_gemm.autotune import SearchSpace, candidate_configs, cupti_timer, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
 _SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
@@ -27,10 +27,10 @@ _CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_C
                              "platform's cache directory)")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "timed runs per config (median is kept)")
 _DEEPEST_STAGES = flags.DEFINE_integer(
-    "deepest_stages", autotune.SearchSpace.deepest_stages,
+    "deepest_stages", SearchSpace.deepest_stages,
     "per tile shape and schedule, how many of the deepest SMEM rings to try (1 halves the search)")
 _REFINE_TOP = flags.DEFINE_integer(
-    "refine_top", autotune.SearchSpace.refine_top,
+    "refine_top", SearchSpace.refine_top,
     "how many of the fastest configs get their raster order and group tuned")
 
 NO_GPU_STATUS = 2
@@ -83,8 +83,8 @@ class ProgressBar:
 
 
 def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
-                space: autotune.SearchSpace = autotune.SearchSpace(), out=sys.stdout,
-                err=sys.stderr, timer_factory=autotune.cupti_timer, iterations: int = 20) -> int:
+                space: SearchSpace = SearchSpace(), out=sys.stdout,
+                err=sys.stderr, timer_factory=cupti_timer, iterations: int = 20) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
 
   Returns the exit status: 0, or `NO_GPU_STATUS` when tuning needs a GPU that
@@ -98,7 +98,7 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
     return NO_GPU_STATUS
   for i, shape in enumerate(shapes, 1):
     problem, activation = shape.problem()
-    candidates = autotune.candidate_configs(problem, space)
+    candidates = candidate_configs(problem, space)
     name = f" ({shape.name})" if shape.name else ""
     out.write(f"[{i}/{len(shapes)}] {shape.label}{name}: {len(candidates)} candidates "
               f"(then raster variants of the fastest {space.refine_top})\n")
@@ -107,7 +107,7 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
       continue
     bar = ProgressBar(out)
     timer = timer_factory(problem, activation, iterations=iterations)
-    best = autotune.tune_problem(problem, activation, timer=timer, space=space, cache=cache,
+    best = tune_problem(problem, activation, timer=timer, space=space, cache=cache,
                                  progress=bar)
     bar.close()
     ms = cache.record(tuning_cache.TuningKey.current(problem, activation)).time_ms
@@ -131,7 +131,7 @@ def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cache = tuning_cache.TuningCache(_CACHE.value or tuning_cache.cache_path())
-  space = autotune.SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
+  space = SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
   return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
                      iterations=_ITERATIONS.value)
 

@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import doctest
+import importlib
 import io
 import os
 import subprocess
@@ -14,11 +15,12 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks.shapes import Shape
-from pallas_gemm import autotune as at
 from pallas_gemm import tune
 from pallas_gemm import tuning_cache as tc
 from pallas_gemm.config import GemmConfig, GemmProblem
 
+# The module, not the `pallas_gemm.autotune` function the package exports under the same name.
+at = importlib.import_module("pallas_gemm.autotune")
 BIG = GemmProblem(m=4096, n=4096, k=4096)
 SPACE = at.SearchSpace()
 

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import plot
 from benchmarks import roofline
 from benchmarks import shapes
-from pallas_gemm import autotune
+from pallas_gemm.autotune import candidate_configs
 from pallas_gemm.config import GemmProblem
 
 
@@ -26,7 +26,7 @@ def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
         assert sweep and len(set(sweep)) == len(sweep)
         for shape in sweep:
             problem, _ = shape.problem()
-            assert autotune.candidate_configs(problem), shape.label
+            assert candidate_configs(problem), shape.label
 
 
 def test_llm_sweep_crosses_decode_batches_with_7b_and_70b_projections():
