@@ -83,14 +83,15 @@ class ProgressBar:
 
 
 def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
-                space: SearchSpace = SearchSpace(), out=sys.stdout,
-                err=sys.stderr, timer_factory=cupti_timer, iterations: int = 20) -> int:
+                space: SearchSpace = SearchSpace(), out=None, err=None,
+                timer_factory=cupti_timer, iterations: int = 20) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
 
   Returns the exit status: 0, or `NO_GPU_STATUS` when tuning needs a GPU that
   is not there. `timer_factory(problem, activation, iterations=...)` makes the
-  timer of one shape.
+  timer of one shape. `out` and `err` default to stdout and stderr.
   """
+  out, err = out or sys.stdout, err or sys.stderr
   reason = None if dry_run else missing_gpu()
   if reason:
     err.write(f"pallas_gemm.tune: cannot tune: {reason}. Tuning times kernels on a Hopper GPU; "

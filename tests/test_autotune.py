@@ -6,10 +6,10 @@ import doctest
 import importlib
 import io
 import os
-import subprocess
-import sys
 import warnings
 
+from absl import app
+from absl import flags
 import jax
 import jax.numpy as jnp
 import pytest
@@ -275,11 +275,24 @@ def test_progress_bar_redraws_on_a_terminal():
         "[##########] 4/4 best 0.2500 ms\n")
 
 
-def test_command_line_accepts_dashed_flags_and_shape_files(tmp_path):
+def test_command_line_accepts_dashed_flags_and_shape_files(tmp_path, monkeypatch, capsys):
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("# M N K\n64x64x64\n128 256 512\n")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", tc.CACHE_ENV: str(tmp_path / "c.json")}
-    run = subprocess.run([sys.executable, "-m", "pallas_gemm.tune", "--shapes", str(shapes),
-                          "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert "[2/2] 128x256x512 bfloat16 NN: " in run.stdout
+    monkeypatch.setenv(tc.CACHE_ENV, str(tmp_path / "c.json"))
+    try:
+        tune.parse_flags(["tune", "--shapes", str(shapes), "--dry-run", "--deepest-stages=1"])
+        assert tune.main(["tune"]) == 0
+    finally:
+        flags.FLAGS.unparse_flags()
+    text = capsys.readouterr().out
+    assert "[2/2] 128x256x512 bfloat16 NN: " in text
+    assert "64x64x64 s6 pingpong" in text and "64x64x64 s4 pingpong" not in text  # deepest only
+
+
+def test_command_line_needs_exactly_one_shape_source():
+    try:
+        tune.parse_flags(["tune", "--sweep", "llm", "--shapes", "x.txt"])
+        with pytest.raises(app.UsageError, match="exactly one"):
+            tune.main(["tune"])
+    finally:
+        flags.FLAGS.unparse_flags()
