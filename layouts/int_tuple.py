@@ -240,4 +240,6 @@ def idx2crd(idx, shape, stride=None):
         return tuple(idx2crd(i, s, d) for i, s, d in zip(idx, shape, stride))
     if is_tuple(shape):
         return tuple(idx2crd(idx, s, d) for s, d in zip(shape, stride))
+    if shape == 1:
+        return 0  # a size-1 mode has one coordinate, whatever its stride (even 0)
     return (idx // stride) % shape

@@ -171,7 +171,12 @@ class Layout:
         crd = args if len(args) > 1 else args[0]
         if _has_none(crd):
             return slice_and_offset(crd, self)[0]
-        return _plain(self.offset_of(crd))
+        return _plain(self.offset_of(crd), self._coord_rank())
+
+    def _coord_rank(self) -> int:
+        """Length of the coordinates a basis-stride layout returns (0 if none)."""
+        modes = [d.mode for d in flatten(self.stride) if is_basis(d)]
+        return 1 + max(modes) if modes else 0
 
     def offset_of(self, crd):
         """Like calling the layout, but a coordinate result stays an
@@ -213,12 +218,15 @@ def _index_function(flat: "Layout"):
     return eval(f"lambda i, _d=_d: {body}", {}, {"_d": strides})  # noqa: S307 - ints only
 
 
-def _plain(value):
-    """Coordinates leave the algebra as plain tuples (a jax pytree), also
-    when a single basis term is left (``8:1@0`` at 5 gives ``(5,)``)."""
+def _plain(value, rank: int = 0):
+    """Coordinates leave the algebra as plain tuples (a jax pytree), padded
+    with zeros to ``rank`` entries (``(8,2):(1@0,0)`` at 5 gives ``(5,)``,
+    and ``(4,8):(1@0,1@1)`` at 3 gives ``(3, 0)``)."""
     if isinstance(value, ScaledBasis):
         value = value.to_tuple()
-    return tuple(value) if isinstance(value, ArithmeticTuple) else value
+    if not isinstance(value, ArithmeticTuple):
+        return value
+    return tuple(value) + (0,) * (rank - len(value))
 
 
 def _has_none(crd) -> bool:
@@ -549,6 +557,11 @@ def _zipped(op, layout, tiler):
 
 def zipped_divide(layout, tiler):
     """``((tile modes...), (rest modes...))``.
+
+    ``None`` in a tuple tiler puts the whole mode in the tile part (and
+    ``1:0`` in the rest). pycute puts it whole in the rest instead, and CuTe
+    C++ splits a rank-2 mode into its two halves; keeping it whole is what
+    ``local_tile(x, (128, None), (m,))`` needs.
 
     >>> zipped_divide(Layout((8, 6)), (4, 3))
     ((4,3),(2,2)):((1,8),(4,24))

@@ -30,6 +30,8 @@ class Tensor:
     __slots__ = ("layout", "engine", "_offset", "__weakref__")
 
     def __init__(self, layout, engine=None, offset=0):
+        if isinstance(offset, tuple) and not isinstance(offset, ArithmeticTuple):
+            offset = ArithmeticTuple(offset)  # a coordinate origin, e.g. another tensor's .offset
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "engine", engine)
         object.__setattr__(self, "_offset", offset)
@@ -51,7 +53,9 @@ class Tensor:
         if _has_none(crd):
             return self.sliced(crd)
         idx = self._offset + self.layout.offset_of(crd)
-        return _plain(idx) if self.engine is None else self.engine[idx]
+        if self.engine is not None:
+            return self.engine[idx]
+        return _plain(idx, self.layout._coord_rank() if isinstance(self.layout, Layout) else 0)
 
     def sliced(self, crd, layout=None) -> "Tensor":
         """Keep the ``None`` modes of ``crd`` over ``layout`` (default: own)."""
