@@ -29,6 +29,24 @@ from .printing import layout_table, parse_layout, print_layout
 from .swizzle import ComposedLayout, Swizzle
 from .tensor import Tensor, make_identity_tensor, make_tensor
 
+# Hardware: MMA atoms, WGMMA shared memory, TMA, cooperative matrices, pictures.
+from .atoms import (
+    MMAAtom, MMAOperation, MMATraits, Registers, UnknownAtomError, mma_atom, mma_atoms,
+    mma_fragment,
+)
+from .coopmatrix import CoopMatrixParams, coopmatrix_layout, coopmatrix_load, coopmatrix_params
+from .dtypes import dtype_bits
+from .gmma import (
+    GmmaDescriptor, GmmaSmemSpec, encode_gmma_desc, gmma_canonical_layout, gmma_smem_layout,
+    gmma_smem_spec, gmma_swizzle, gmma_swizzle_atom, make_gmma_desc, make_gmma_descs,
+)
+from .pictures import (
+    PALETTE, layout_svg, print_tv_layout, render_layout, render_tv_layout, tv_layout_svg,
+    tv_layout_table,
+)
+from .tiled_mma import TiledMMA, make_tiled_mma
+from .tma import TmaDescriptor, make_tma_desc
+
 __all__ = [
     "ArithmeticTuple", "E", "ScaledBasis", "make_identity_layout",
     "compatible", "congruent", "crd2idx", "flatten", "idx2crd", "inner_product",
@@ -42,4 +60,14 @@ __all__ = [
     "zipped_divide", "zipped_product",
     "layout_table", "parse_layout", "print_layout",
     "ComposedLayout", "Swizzle", "Tensor", "make_identity_tensor", "make_tensor",
+    "MMAAtom", "MMAOperation", "MMATraits", "Registers", "UnknownAtomError", "mma_atom",
+    "mma_atoms", "mma_fragment",
+    "CoopMatrixParams", "coopmatrix_layout", "coopmatrix_load", "coopmatrix_params",
+    "dtype_bits",
+    "GmmaDescriptor", "GmmaSmemSpec", "encode_gmma_desc", "gmma_canonical_layout",
+    "gmma_smem_layout", "gmma_smem_spec", "gmma_swizzle", "gmma_swizzle_atom",
+    "make_gmma_desc", "make_gmma_descs",
+    "PALETTE", "layout_svg", "print_tv_layout", "render_layout", "render_tv_layout",
+    "tv_layout_svg", "tv_layout_table",
+    "TiledMMA", "make_tiled_mma", "TmaDescriptor", "make_tma_desc",
 ]
