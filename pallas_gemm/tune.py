@@ -87,8 +87,8 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
                 timer_factory=cupti_timer, iterations: int = 20) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
 
-  Returns the exit status: 0, or `NO_GPU_STATUS` when tuning needs a GPU that
-  is not there. `timer_factory(problem, activation, iterations=...)` makes the
+  Returns the exit status: 0; 1 if some shape had no config that ran; or
+  `NO_GPU_STATUS` when tuning needs a GPU that is not there. `timer_factory(problem, activation, iterations=...)` makes the
   timer of one shape. `out` and `err` default to stdout and stderr.
   """
   out, err = out or sys.stdout, err or sys.stderr
@@ -97,6 +97,7 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
     err.write(f"pallas_gemm.tune: cannot tune: {reason}. Tuning times kernels on a Hopper GPU; "
               "--dry-run lists the candidate configs without one.\n")
     return NO_GPU_STATUS
+  failed = 0
   for i, shape in enumerate(shapes, 1):
     problem, activation = shape.problem()
     candidates = candidate_configs(problem, space)
@@ -108,14 +109,19 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
       continue
     bar = ProgressBar(out)
     timer = timer_factory(problem, activation, iterations=iterations)
-    best = tune_problem(problem, activation, timer=timer, space=space, cache=cache,
-                                 progress=bar)
+    try:
+      best = tune_problem(problem, activation, timer=timer, space=space, cache=cache, progress=bar)
+    except RuntimeError as e:  # every config failed: report it, tune the other shapes
+      bar.close()
+      out.write(f"  failed: {e} ({type(e.__cause__).__name__}: {e.__cause__})\n")
+      failed += 1
+      continue
     bar.close()
     ms = cache.record(tuning_cache.TuningKey.current(problem, activation)).time_ms
     out.write(f"  best {describe(best)}: {ms:.4f} ms, {problem.flops / ms / 1e9:.1f} TFLOP/s\n")
   if not dry_run:
-    out.write(f"wrote {cache.path}\n")
-  return 0
+    out.write(f"wrote {cache.path} ({len(shapes) - failed} of {len(shapes)} shapes tuned)\n")
+  return 1 if failed else 0
 
 
 def _load_shapes():

@@ -261,6 +261,24 @@ def test_tuning_writes_every_shape_to_the_cache(cache, monkeypatch):
     assert "] 1" in out.getvalue()  # the progress bar
 
 
+def test_a_shape_whose_configs_all_fail_is_reported_and_the_rest_tuned(cache, monkeypatch):
+    monkeypatch.setattr(tune, "missing_gpu", lambda: None)
+
+    def timer_factory(problem, activation, iterations):
+        if problem.m == 1:
+            return lambda config: 1 / 0
+        return fake_ms
+
+    out = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status = tune.tune_shapes(SHAPES, dry_run=False, cache=cache, out=out,
+                                  timer_factory=timer_factory)
+    assert status == 1 and len(cache.records()) == 1
+    assert "  failed: every candidate config failed" in out.getvalue()
+    assert "ZeroDivisionError" in out.getvalue() and "(1 of 2 shapes tuned)" in out.getvalue()
+
+
 def test_progress_bar_redraws_on_a_terminal():
     class Tty(io.StringIO):
         def isatty(self):
