@@ -22,8 +22,8 @@ import numpy as np
 
 
 def flops(problem) -> int:
-    """2 * batch * M * N * K."""
-    return 2 * problem.batch * problem.m * problem.n * problem.k
+    """2 * batch * M * N * K (`GemmProblem.flops`; here beside `min_bytes`)."""
+    return problem.flops
 
 
 def min_bytes(problem) -> int:
