@@ -35,10 +35,11 @@ def transpose_2d(ref):
   return plgpu.transpose_ref(ref, (1, 0))
 
 
-def compiler_params() -> plgpu.CompilerParams:
+def compiler_params(*, approx_math: bool = False) -> plgpu.CompilerParams:
   """Warpgroup lowering, spelled out: the default changed from Lane to Warpgroup in 0.11."""
   return plgpu.CompilerParams(
-      lowering_semantics=plgpu.LoweringSemantics.Warpgroup
+      approx_math=approx_math,
+      lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
   )
 
 

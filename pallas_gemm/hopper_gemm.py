@@ -9,8 +9,9 @@ the order `raster.tile_coords` gives, and the SMEM ring runs on across tiles.
 
 Schedules:
   cooperative: both consumers work on one tile, split along M or N.
-  pingpong: each consumer owns whole tiles, alternating; each has its own
-    SMEM ring, so one warpgroup's epilogue overlaps the other's main loop.
+  pingpong: each consumer owns whole tiles, alternating, so one warpgroup's
+    epilogue overlaps the other's main loop; the ring is shared and both
+    warpgroups release every stage (see `skim`).
 
 >>> import jax, jax.numpy as jnp
 >>> from pallas_gemm.config import GemmConfig, GemmProblem
@@ -59,14 +60,6 @@ class _Plan:
   ab_swizzle: int
   out_swizzle: int
   num_sms: int
-
-  @property
-  def rings(self) -> int:
-    return 2 if self.config.schedule == "pingpong" else 1
-
-  @property
-  def ring_stages(self) -> int:
-    return self.config.stages // self.rings
 
   @property
   def k_iters(self) -> int:
@@ -118,30 +111,29 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
   em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
   slots = cfg.epilogue_slots
+  stages = cfg.stages
+  pingpong = cfg.schedule == "pingpong"
   in_dtype, out_dtype = a_gmem.dtype, out_gmem.dtype
   ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
   out_tf = smem.tile_transforms(out_dtype, p.out_swizzle)
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
   b_block = (tn, tk) if prob.transpose_b else (tk, tn)
-  n_bufs = p.rings * p.ring_stages
-  consumers = 2 if p.rings == 1 else 1
   cm, cn = cfg.cluster
   a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
   b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
+  # Both consumers release every stage, in pingpong too (see `skim` below).
   if cfg.cluster_size > 1:
     consumed_type = plgpu.ClusterBarrier(
-        collective_axes=("cluster",), num_arrivals=consumers, num_barriers=n_bufs)
+        collective_axes=("cluster",), num_arrivals=2, num_barriers=stages)
   else:
-    consumed_type = plgpu.Barrier(num_arrivals=consumers, num_barriers=n_bufs)
+    consumed_type = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
   def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded):
     wg = lax.axis_index("wg")
 
-    def ring_step(local_tile, k):
-      """(ring, slot buffer index, step within ring) of a tile's k-th stage."""
-      ring = lax.rem(local_tile, p.rings)
-      step = lax.div(local_tile, p.rings) * p.k_iters + k
-      return ring, ring * p.ring_stages + lax.rem(step, p.ring_stages), step
+    def slot(local_tile, k):
+      """SMEM ring slot of the k-th stage of this CTA's local_tile-th tile."""
+      return lax.rem(local_tile * p.k_iters + k, stages)
 
     def producer():
       plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
@@ -153,9 +145,9 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
 
         @pl.loop(0, p.k_iters)
         def _(k):
-          _, buf, step = ring_step(info.local_index, k)
+          buf = slot(info.local_index, k)
 
-          @pl.when(step >= p.ring_stages)
+          @pl.when(info.local_index * p.k_iters + k >= stages)
           def _():
             plgpu.barrier_wait(consumed.at[buf])
 
@@ -172,18 +164,72 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
               _at(b_gmem, batch_idx, rows_b, cols_b), b_smem.at[buf],
               loaded.at[buf], collective_axes=b_collective)
 
-      # Wait for the last stages of every ring to be released, so that no peer
-      # CTA arrives on (or multicasts into) this CTA after it has exited.
-      sm = lax.axis_index("sm")
-      grid = lax.axis_size("sm")
-      local_tiles = lax.div(p.num_tiles - sm + grid - 1, grid)
-      for ring in range(p.rings):
-        ring_tiles = lax.div(local_tiles - ring + p.rings - 1, p.rings)
-        steps = ring_tiles * p.k_iters
+      # Wait for the last stages to be released, so that no peer CTA arrives
+      # on (or multicasts into) this CTA's SMEM after it has exited.
+      sm, grid = lax.axis_index("sm"), lax.axis_size("sm")
+      steps = lax.div(p.num_tiles - sm + grid - 1, grid) * p.k_iters
 
-        @pl.loop(jnp.maximum(steps - p.ring_stages, 0), steps)
-        def _(step):
-          plgpu.barrier_wait(consumed.at[ring * p.ring_stages + lax.rem(step, p.ring_stages)])
+      @pl.loop(jnp.maximum(steps - stages, 0), steps)
+      def _(step):
+        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+
+    def operands(buf):
+      """This warpgroup's WGMMA views of the A and B tiles in ring slot `buf`."""
+      a_tile, b_tile = a_smem.at[buf], b_smem.at[buf]
+      if prob.transpose_a:
+        a_tile = _compat.transpose_2d(a_tile)
+      elif not pingpong and cfg.wg_split == "m":
+        a_tile = a_tile.at[pl.ds(wg * wm, wm), :]
+      if not pingpong and cfg.wg_split == "n":
+        if prob.transpose_b:
+          b_tile = b_tile.at[pl.ds(wg * wn, wn), :]
+        else:
+          b_tile = b_tile.at[:, pl.ds(wg * wn, wn)]
+      if prob.transpose_b:
+        b_tile = _compat.transpose_2d(b_tile)
+      return a_tile, b_tile
+
+    def compute_tile(local_tile, batch_idx, mi, ni):
+      if pingpong:
+        row0, col0 = mi * tm, ni * tn
+      elif cfg.wg_split == "m":
+        row0, col0 = mi * tm + wg * wm, ni * tn
+      else:
+        row0, col0 = mi * tm, ni * tn + wg * wn
+      if bias_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            bias_gmem.at[pl.ds(col0, wn)], bias_smem.at[wg], bias_loaded.at[wg])
+
+      @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
+      def _(acc):
+        @pl.loop(0, p.k_iters)
+        def _(k):
+          buf = slot(local_tile, k)
+          plgpu.barrier_wait(loaded.at[buf])
+          plgpu.wgmma(acc, *operands(buf))
+          plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
+
+          @pl.when(k > 0)
+          def _():
+            plgpu.barrier_arrive(consumed.at[slot(local_tile, k - 1)])
+
+        result = acc[...]
+        plgpu.barrier_arrive(consumed.at[slot(local_tile, p.k_iters - 1)])
+        _epilogue(result, batch_idx, row0, col0)
+
+    def skim(local_tile):
+      """Pingpong: pass over the other warpgroup's stages (wait, release).
+
+      Every consumer waits on every phase of every `loaded` barrier, which keeps
+      Pallas' per-thread phase tracking right, and the producer refills a slot
+      only once both consumers released it. Runs after this warpgroup's own
+      epilogue, so that epilogue overlaps the other warpgroup's main loop.
+      """
+      @pl.loop(0, p.k_iters)
+      def _(k):
+        buf = slot(local_tile, k)
+        plgpu.barrier_wait(loaded.at[buf])
+        plgpu.barrier_arrive(consumed.at[buf])
 
     def consumer():
       plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
@@ -192,56 +238,12 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
       def _(info):
         (tile_index,) = info.index
         batch_idx, mi, ni = _tile_position(p, tile_index)
-
-        def tile_work():
-          if p.rings == 1 and cfg.wg_split == "m":
-            row0, col0 = mi * tm + wg * wm, ni * tn
-          elif p.rings == 1:
-            row0, col0 = mi * tm, ni * tn + wg * wn
-          else:
-            row0, col0 = mi * tm, ni * tn
-          if bias_smem is not None:
-            plgpu.copy_gmem_to_smem(
-                bias_gmem.at[pl.ds(col0, wn)], bias_smem.at[wg], bias_loaded.at[wg])
-
-          @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
-          def _(acc):
-            def operands(buf):
-              a_tile, b_tile = a_smem.at[buf], b_smem.at[buf]
-              if prob.transpose_a:
-                a_tile = _compat.transpose_2d(a_tile)
-              elif p.rings == 1 and cfg.wg_split == "m":
-                a_tile = a_tile.at[pl.ds(wg * wm, wm), :]
-              if p.rings == 1 and cfg.wg_split == "n":
-                if prob.transpose_b:
-                  b_tile = b_tile.at[pl.ds(wg * wn, wn), :]
-                else:
-                  b_tile = b_tile.at[:, pl.ds(wg * wn, wn)]
-              if prob.transpose_b:
-                b_tile = _compat.transpose_2d(b_tile)
-              return a_tile, b_tile
-
-            @pl.loop(0, p.k_iters)
-            def _(k):
-              _, buf, _ = ring_step(info.local_index, k)
-              plgpu.barrier_wait(loaded.at[buf])
-              plgpu.wgmma(acc, *operands(buf))
-              plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
-
-              @pl.when(k > 0)
-              def _():
-                _, prev_buf, _ = ring_step(info.local_index, k - 1)
-                plgpu.barrier_arrive(consumed.at[prev_buf])
-
-            result = acc[...]
-            _, last_buf, _ = ring_step(info.local_index, p.k_iters - 1)
-            plgpu.barrier_arrive(consumed.at[last_buf])
-            _epilogue(result, batch_idx, row0, col0)
-
-        if p.rings == 1:
-          tile_work()
-        else:
-          pl.when(lax.rem(info.local_index, 2) == wg)(tile_work)
+        if not pingpong:
+          compute_tile(info.local_index, batch_idx, mi, ni)
+          return
+        mine = lax.rem(info.local_index, 2) == wg
+        pl.when(mine)(lambda: compute_tile(info.local_index, batch_idx, mi, ni))
+        pl.when(jnp.logical_not(mine))(lambda: skim(info.local_index))
 
       plgpu.wait_smem_to_gmem(0)
 
@@ -275,9 +277,9 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
 
   pl.run_scoped(
       scoped,
-      a_smem=plgpu.SMEM((n_bufs, *a_block), in_dtype, transforms=ab_tf),
-      b_smem=plgpu.SMEM((n_bufs, *b_block), in_dtype, transforms=ab_tf),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=n_bufs),
+      a_smem=plgpu.SMEM((stages, *a_block), in_dtype, transforms=ab_tf),
+      b_smem=plgpu.SMEM((stages, *b_block), in_dtype, transforms=ab_tf),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       consumed=consumed_type,
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
       bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
@@ -285,6 +287,15 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
       c_loaded=None if c_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
       collective_axes="wg",
   )
+
+
+def _use_approx_math(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> bool:
+  """Fast exp/tanh/divide for activations when the output is 16-bit anyway.
+
+  Their error (~2^-11 relative) is below bf16/f16 output rounding; f32 outputs
+  keep the precise versions.
+  """
+  return epilogue.activation is not None and problem.out_dtype != "float32"
 
 
 def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmConfig,
@@ -328,7 +339,7 @@ def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmCo
       grid_names=("sm",),
       num_threads=3,
       thread_name="wg",
-      compiler_params=_compat.compiler_params(),
+      compiler_params=_compat.compiler_params(approx_math=_use_approx_math(problem, epilogue)),
       interpret=interpret,
       **cluster_kwargs,
   )

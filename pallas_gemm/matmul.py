@@ -22,7 +22,6 @@ import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
@@ -143,7 +142,7 @@ def _tma_rows(rows):
 def _tma_operand_cols(cols, dtype):
   """Minor extent for a WGMMA operand: 16-byte rows and a 128-byte swizzle."""
   span = smem.swizzle_span(dtype, 128)
-  if smem.is_tma_compatible_extent(dtype, cols, 128) and (cols * np.dtype(dtype).itemsize) % 16 == 0:
+  if smem.is_tma_compatible_extent(dtype, cols, 128):
     return cols
   return _round_up(cols, span)
 
@@ -166,8 +165,7 @@ def _tma_layout(a, b, problem, config, interpret):
             _pad_last2(b, _round_up(b.shape[-2], b_rows), _round_up(b.shape[-1], b_cols)))
   dtype = problem.dtype
   common = smem.widest_swizzle(dtype, config.tile_k, a.shape[-1], b.shape[-1])
-  strides_ok = all((x.shape[-1] * np.dtype(dtype).itemsize) % 16 == 0 for x in (a, b))
-  if common is not None and common >= 64 and strides_ok:
+  if common is not None and common >= 64:
     a_cols, b_cols = a.shape[-1], b.shape[-1]
   else:
     a_cols, b_cols = _tma_operand_cols(a.shape[-1], dtype), _tma_operand_cols(b.shape[-1], dtype)
@@ -182,8 +180,7 @@ def _out_extent(problem, config, interpret):
     return _round_up(problem.m, config.tile_m * cm), _round_up(problem.n, config.tile_n * cn)
   em, en = config.epilogue_shape
   cols = problem.n
-  if smem.widest_swizzle(problem.out_dtype, en, cols) is None or (
-      cols * np.dtype(problem.out_dtype).itemsize) % 16:
+  if smem.widest_swizzle(problem.out_dtype, en, cols) is None:
     cols = _round_up(cols, smem.swizzle_span(problem.out_dtype, 32))
   return _tma_rows(problem.m), cols
 

@@ -1,0 +1,274 @@
+"""The one script run on the H100: correctness matrix, then the timing table.
+
+    python -m benchmarks.device_check [--skip-correctness] [--skip-timing] [--quick]
+
+Writes logs and results.json under $OUT (or ./out); prints the short table last.
+Correctness: fresh N(0,1) inputs per case, output memory poisoned with NaN
+beforehand (a NaN buffer is freed right before the call, so the allocator hands
+it to the kernel's output), the kernel runs before any reference is computed,
+and the relative error ||out - ref|| / ||ref|| is taken against a float64 numpy
+reference (a float32 GPU reference for shapes above 2^31 flops).
+
+>>> bound("bfloat16") > bound("float32")
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import matmul as harness
+from pallas_gemm import GemmConfig, matmul
+
+BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4}
+"""Relative-error bounds by output dtype (bf16 rounding alone gives ~2e-3)."""
+
+
+def bound(out_dtype: str) -> float:
+  return BOUNDS[out_dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  name: str
+  a_shape: tuple
+  b_shape: tuple
+  kwargs: dict = dataclasses.field(default_factory=dict, hash=False)
+  dtype: str = "bfloat16"
+  c_shape: tuple | None = None
+
+
+def _checks() -> list[Check]:
+  coop_n = GemmConfig(wg_split="n")
+  ping = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6)
+  checks = []
+  # All four layouts x two dtypes, at an odd shape (M, N edges, K tail, padded B).
+  for dtype in ("bfloat16", "float16"):
+    for ta in (False, True):
+      for tb in (False, True):
+        m, n, k = 1000, 1016, 1000
+        a_shape = (k, m) if ta else (m, k)
+        b_shape = (n, k) if tb else (k, n)
+        checks.append(Check(f"{'T' if ta else 'N'}{'T' if tb else 'N'} {dtype} 1000x1016x1000",
+                            a_shape, b_shape, dict(transpose_a=ta, transpose_b=tb), dtype))
+  # Aligned and 64-byte-swizzle shapes, each schedule.
+  for name, cfg in (("coop-m", None), ("coop-n", coop_n), ("pingpong", ping),
+                    ("cluster21", GemmConfig(cluster=(2, 1))),
+                    ("cluster12", GemmConfig(cluster=(1, 2))),
+                    ("ping-cluster21", dataclasses.replace(ping, cluster=(2, 1))),
+                    ("whole-epi", GemmConfig(stages=3, epilogue_tile=None)),
+                    ("along_m", GemmConfig(raster="along_m", group=4))):
+    checks.append(Check(f"NN {name} 1024x2048x512", (1024, 512), (512, 2048), dict(config=cfg)))
+    checks.append(Check(f"TT {name} 520x1000x1056", (1056, 520), (1000, 1056),
+                        dict(transpose_a=True, transpose_b=True,
+                             config=None if cfg is None else (
+                                 dataclasses.replace(cfg, wg_split="n")
+                                 if cfg.schedule == "cooperative" else cfg))))
+  # Tiny and degenerate shapes (every operand padded), batched and broadcast operands.
+  checks += [
+      Check("NN 200x136x72", (200, 72), (72, 136)),
+      Check("NN 5x1x40", (5, 40), (40, 1)),
+      Check("NN 1x300x1", (1, 1), (1, 300)),
+      Check("NN batch3 300x264x200", (3, 300, 200), (3, 200, 264)),
+      Check("TT batch3 300x264x200", (3, 200, 300), (3, 264, 200),
+            dict(transpose_a=True, transpose_b=True)),
+      Check("NN a-batched b-2D 2x3x100x200x64", (2, 3, 100, 64), (64, 200)),
+      Check("TN a-batched b-2D 3x100x200x64", (3, 64, 100), (64, 200), dict(transpose_a=True)),
+  ]
+  # Epilogues.
+  for act in ("relu", "gelu_tanh", "gelu_exact", "silu", "sigmoid"):
+    checks.append(Check(f"NN bias+{act} 1000x1016x1000", (1000, 1000), (1000, 1016),
+                        dict(bias=True, activation=act)))
+  checks += [
+      Check("NN alpha,beta*c+bias+gelu 1000x1016x1000", (1000, 1000), (1000, 1016),
+            dict(bias=True, activation="gelu_tanh", alpha=0.5, beta=-1.5), c_shape=(1000, 1016)),
+      Check("NT f32 out alpha*ab+beta*c 1000x1016x1000", (1000, 1000), (1016, 1000),
+            dict(transpose_b=True, out_dtype="float32", alpha=2.0, beta=0.25), c_shape=(1000, 1016)),
+      Check("NN f32 out 4000x8000x4000", (4000, 4000), (4000, 8000), dict(out_dtype="float32")),
+      Check("NN 4000x8000x4000", (4000, 4000), (4000, 8000)),
+      Check("NN 4096x8192x4096", (4096, 4096), (4096, 8192)),
+      Check("NN batch2 f16 c(2D) 512x768x640", (2, 512, 640), (2, 640, 768),
+            dict(beta=1.0), dtype="float16", c_shape=(512, 768)),
+  ]
+  return checks
+
+
+def _poison(nbytes: int):
+  buf = jnp.full((nbytes // 4 + 1,), jnp.nan, jnp.float32)
+  buf.block_until_ready()
+  del buf
+
+
+def _reference(a, b, check: Check, bias, c):
+  kw = check.kwargs
+  flops = 2 * np.prod(a.shape[:-2] or (1,)) * a.shape[-1] * a.shape[-2] * (
+      b.shape[-2] if kw.get("transpose_b") else b.shape[-1])
+  alpha, beta = kw.get("alpha", 1.0), kw.get("beta", 0.0)
+  if flops > 2**31:  # f32 on the GPU: exact products of bf16/f16, f32 sums
+    f = jax.jit(lambda a, b: jnp.matmul(
+        jnp.swapaxes(a, -1, -2) if kw.get("transpose_a") else a,
+        jnp.swapaxes(b, -1, -2) if kw.get("transpose_b") else b,
+        precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32))
+    acc = np.asarray(f(a.astype(jnp.float32), b.astype(jnp.float32)), np.float64)
+  else:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a64 = np.swapaxes(a64, -1, -2) if kw.get("transpose_a") else a64
+    b64 = np.swapaxes(b64, -1, -2) if kw.get("transpose_b") else b64
+    acc = np.matmul(a64, b64)
+  y = alpha * acc
+  if c is not None and beta != 0.0:
+    y = y + beta * np.asarray(c, np.float64)
+  if bias is not None:
+    y = y + np.asarray(bias, np.float64)
+  act = kw.get("activation")
+  if act == "relu":
+    y = np.maximum(y, 0)
+  elif act == "gelu_tanh":
+    y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
+  elif act == "gelu_exact":
+    from math import erf
+    y = 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+  elif act == "silu":
+    y = y / (1 + np.exp(-y))
+  elif act == "sigmoid":
+    y = 1 / (1 + np.exp(-y))
+  return y
+
+
+def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
+  keys = jax.random.split(jax.random.key(seed), 4)
+  a = jax.random.normal(keys[0], check.a_shape, jnp.float32).astype(check.dtype)
+  b = jax.random.normal(keys[1], check.b_shape, jnp.float32).astype(check.dtype)
+  kw = dict(check.kwargs)
+  out_dtype = kw.get("out_dtype", check.dtype)
+  n = check.b_shape[-2] if kw.get("transpose_b") else check.b_shape[-1]
+  bias = jax.random.normal(keys[2], (n,), jnp.float32) if kw.pop("bias", False) else None
+  c = (jax.random.normal(keys[3], check.c_shape, jnp.float32).astype(out_dtype)
+       if check.c_shape else None)
+  fn = jax.jit(lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="pallas", **kw))
+  if export_only:  # CPU dry run: lower for CUDA, run nothing
+    jax.export.export(fn, platforms=["cuda"])(a, b, bias, c)
+    return dict(name=check.name, ok=True, exported=True)
+  t0 = time.time()
+  fn.lower(a, b, bias, c).compile()
+  compile_s = time.time() - t0
+  m = check.a_shape[-1] if kw.get("transpose_a") else check.a_shape[-2]
+  _poison(4 * m * n * int(np.prod(check.a_shape[:-2] or (1,))) + (1 << 20))
+  out = np.asarray(fn(a, b, bias, c).astype(jnp.float32), np.float64)
+  ref = _reference(a, b, check, bias, c)
+  nan = int(np.isnan(out).sum())
+  err = float(np.linalg.norm(np.nan_to_num(out - ref, nan=1e30)) / max(np.linalg.norm(ref), 1e-30))
+  ok = nan == 0 and err <= bound(out_dtype) and out.shape == ref.shape
+  return dict(name=check.name, ok=bool(ok), rel_err=err, nan=nan, shape=list(out.shape),
+              compile_s=round(compile_s, 2), bound=bound(out_dtype))
+
+
+def correctness(log, export_only=False, only=None) -> list[dict]:
+  results = []
+  for i, check in enumerate(_checks()):
+    if only and not any(word in check.name for word in only):
+      continue
+    try:
+      r = run_check(check, seed=1000 + i, export_only=export_only)
+    except Exception as e:
+      r = dict(name=check.name, ok=False, error=f"{type(e).__name__}: {e}"[:2000])
+      traceback.print_exc()
+    results.append(r)
+    log(("PASS " if r["ok"] else "FAIL ") + json.dumps(r))
+  return results
+
+
+SWEEP = {
+    "C0 128x256 s4 coop-m": GemmConfig(),
+    "C1 +cluster21": GemmConfig(cluster=(2, 1)),
+    "C2 +cluster12": GemmConfig(cluster=(1, 2)),
+    "C3 s3 whole-epi": GemmConfig(stages=3, epilogue_tile=None),
+    "C4 pingpong 128x128 s6": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
+    "C5 pingpong cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6,
+                                        cluster=(2, 1)),
+    "C6 group16": GemmConfig(group=16),
+    "C7 along_m g8": GemmConfig(raster="along_m"),
+    "C8 256x128 coop-m": GemmConfig(tile_m=256, tile_n=128),
+    "C9 cluster21 group16": GemmConfig(cluster=(2, 1), group=16),
+    "C12 pingpong s5 whole-epi cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128,
+                                                      stages=5, epilogue_tile=None, cluster=(2, 1)),
+    "C13 pingpong cluster12": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6,
+                                         cluster=(1, 2)),
+    "C10 cluster21 s3 whole-epi": GemmConfig(cluster=(2, 1), stages=3, epilogue_tile=None),
+    "C11 cluster21 s3 epi64x128": GemmConfig(cluster=(2, 1), stages=3, epilogue_tile=(64, 128)),
+}
+
+
+def timing(log, quick: bool, sweep_names=None) -> list[dict]:
+  sweep = {k: v for k, v in SWEEP.items() if sweep_names is None or k.split()[0] in sweep_names}
+  shapes = [(4096, 8192, 4096)] if quick else [(4096, 8192, 4096), (8192, 8192, 8192),
+                                               (4096, 4096, 4096)]
+  cases = [harness.Case(m, n, k) for m, n, k in shapes]
+  if not quick:
+    cases += [harness.Case(4096, 8192, 4096, layout=l) for l in ("NT", "TN", "TT")]
+    cases += [harness.Case(4096, 8192, 4096, epilogue="bias_gelu"),
+              harness.Case(4000, 8000, 4000)]
+
+  def contenders(case):
+    fns = {}
+    for name, cfg in sweep.items():
+      if case.transpose_a and cfg.schedule == "cooperative":
+        cfg = dataclasses.replace(cfg, wg_split="n")
+      fns[f"pallas_gemm[{name}]"] = harness.pallas_fn(case, cfg)
+    fns["xla"] = harness.xla_fn(case)
+    fns.update(harness.jax_mgpu_fns(case))
+    return fns
+
+  return harness.run_cases(cases, contenders, rounds=3, iterations=10, log=log)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--skip-correctness", action="store_true")
+  parser.add_argument("--skip-timing", action="store_true")
+  parser.add_argument("--quick", action="store_true", help="timing at 4096x8192x4096 only")
+  parser.add_argument("--sweep", default=None, help="comma list of sweep ids (C0,C1,..)")
+  parser.add_argument("--only", default=None, help="comma list: run correctness cases whose name contains one")
+  parser.add_argument("--export-only", action="store_true",
+                      help="CPU dry run: lower every correctness case for CUDA, time nothing")
+  args = parser.parse_args(argv)
+  out_dir = os.environ.get("OUT", "out")
+  os.makedirs(out_dir, exist_ok=True)
+  log_file = open(os.path.join(out_dir, "device_check.log"), "a")
+
+  def log(msg):
+    print(msg, flush=True)
+    log_file.write(msg + "\n")
+    log_file.flush()
+
+  env = harness.environment()
+  log(json.dumps(env))
+  results = dict(environment=env)
+  if not args.skip_correctness:
+    results["correctness"] = correctness(log, args.export_only, args.only and args.only.split(","))
+  if not args.skip_timing:
+    results["timing"] = timing(log, args.quick, args.sweep and args.sweep.split(","))
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  if "correctness" in results:
+    bad = [r["name"] for r in results["correctness"] if not r["ok"]]
+    log(f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} passed"
+        + (f"; FAILED: {bad}" if bad else ""))
+  if "timing" in results:
+    log(f"{env['device']}, jax {env['jax']}, {env['method']}")
+    log(harness.format_table(results["timing"]))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

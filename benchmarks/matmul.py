@@ -1,0 +1,275 @@
+"""GEMM benchmark harness: pallas_gemm vs XLA (`jnp.dot`, cuBLAS) vs jax's hopper_matmul_mgpu.
+
+Contenders run interleaved in rounds on the same inputs (iid standard normal),
+timed with CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), no L2 flush;
+the reported time is the median over all rounds' iterations.
+
+    python -m benchmarks.matmul --shapes 4096x8192x4096,8192x8192x8192 --layouts NN,NT
+
+On a machine without a GPU it runs the kernel in interpret mode at a tiny shape
+to exercise the code; those timings are meaningless and marked so.
+
+>>> Case(m=4096, n=8192, k=4096).flops
+274877906944
+>>> parse_shapes("64x128x32")
+[(64, 128, 32)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4}
+"""H100 SXM dense tensor-core peak (TFLOP/s)."""
+
+EPILOGUES = (None, "bias_gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One benchmark problem."""
+
+  m: int
+  n: int
+  k: int
+  dtype: str = "bfloat16"
+  layout: str = "NN"  # first letter: A (N = (M,K), T = (K,M)); second: B (N = (K,N), T = (N,K))
+  epilogue: str | None = None
+  batch: int = 1
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.batch * self.m * self.n * self.k
+
+  @property
+  def transpose_a(self) -> bool:
+    return self.layout[0] == "T"
+
+  @property
+  def transpose_b(self) -> bool:
+    return self.layout[1] == "T"
+
+  @property
+  def label(self) -> str:
+    batch = f"{self.batch}x" if self.batch > 1 else ""
+    epi = f" +{self.epilogue}" if self.epilogue else ""
+    return f"{batch}{self.m}x{self.n}x{self.k} {self.dtype} {self.layout}{epi}"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+  return [tuple(int(v) for v in s.split("x")) for s in text.split(",") if s]
+
+
+def make_inputs(case: Case, seed: int):
+  """Random operands stored as the layout says, and a bias when the epilogue needs one."""
+  ka, kb, kc = jax.random.split(jax.random.key(seed), 3)
+  lead = (case.batch,) if case.batch > 1 else ()
+  a_shape = (case.k, case.m) if case.transpose_a else (case.m, case.k)
+  b_shape = (case.n, case.k) if case.transpose_b else (case.k, case.n)
+  a = jax.random.normal(ka, lead + a_shape, jnp.float32).astype(case.dtype)
+  b = jax.random.normal(kb, lead + b_shape, jnp.float32).astype(case.dtype)
+  bias = jax.random.normal(kc, (case.n,), jnp.float32) if case.epilogue else None
+  return a, b, bias
+
+
+def _op(x, transpose):
+  return jnp.swapaxes(x, -1, -2) if transpose else x
+
+
+def xla_fn(case: Case):
+  """`jnp.dot` in the operand dtype (what a user writes); XLA fuses the transposes."""
+  def f(a, b, bias):
+    if case.epilogue == "bias_gelu":
+      acc = jnp.matmul(_op(a, case.transpose_a), _op(b, case.transpose_b),
+                       preferred_element_type=jnp.float32)
+      return jax.nn.gelu(acc + bias, approximate=True).astype(case.dtype)
+    return jnp.matmul(_op(a, case.transpose_a), _op(b, case.transpose_b))
+  return jax.jit(f)
+
+
+def pallas_fn(case: Case, config=None, implementation="pallas"):
+  from pallas_gemm import matmul
+
+  def f(a, b, bias):
+    return matmul(a, b, transpose_a=case.transpose_a, transpose_b=case.transpose_b,
+                  bias=bias, activation="gelu_tanh" if case.epilogue else None,
+                  config=config, implementation=implementation)
+  return jax.jit(f)
+
+
+JAX_MGPU_CONFIGS = (
+    dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=8, wg_dimension="N"),
+    dict(tile_m=128, tile_n=128, grid_minor_dim="M", grid_tile_width=8, wg_dimension="N"),
+    dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=16, wg_dimension="N"),
+    dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=8, wg_dimension="N",
+         cluster_dimension="M"),
+)
+"""A small set of jax's own kernel configs (its best region in our earlier sweep)."""
+
+
+def jax_mgpu_fns(case: Case):
+  """jax's hopper_matmul_mgpu, one callable per config it accepts (NN, no epilogue only)."""
+  if case.layout != "NN" or case.epilogue or case.batch > 1:
+    return {}
+  from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+
+  fns = {}
+  for i, raw in enumerate(JAX_MGPU_CONFIGS):
+    kw = dict(raw)
+    for key in ("grid_minor_dim", "wg_dimension", "cluster_dimension"):
+      if key in kw:
+        kw[key] = hm.MatmulDimension[kw[key]]
+    cfg = hm.TuningConfig(tile_k=64, max_concurrent_steps=4, **kw)
+    cta_m = cfg.tile_m * (2 if cfg.wg_dimension == hm.MatmulDimension.M else 1)
+    cta_n = cfg.tile_n * (2 if cfg.wg_dimension == hm.MatmulDimension.N else 1)
+    cm = 2 if cfg.cluster_dimension == hm.MatmulDimension.M else 1
+    cn = 2 if cfg.cluster_dimension == hm.MatmulDimension.N else 1
+    if case.m % (cta_m * cm) or case.n % (cta_n * cn) or case.k % 64:
+      continue
+    fns[f"jax_mgpu[{i}]"] = jax.jit(
+        lambda a, b, bias, cfg=cfg: hm.matmul(a, b, None, config=cfg))
+  return fns
+
+
+def cupti_times_ms(fn, args, iterations: int) -> list[float]:
+  from jax.experimental.mosaic.gpu import profiler
+
+  _, times = profiler.measure(fn, iterations=iterations)(*args)
+  if times is None:
+    raise RuntimeError("no kernel was launched")
+  return list(times)
+
+
+def run_cases(cases, contenders_for, *, rounds=3, iterations=10, log=print):
+  """Times every contender of every case, interleaved in rounds; returns result rows.
+
+  `contenders_for(case)` -> {name: jitted fn(a, b, bias)}. Contenders whose name
+  contains "[" are alternatives of one family (e.g. jax_mgpu[0..3]): after the
+  first round only the family's fastest keeps running, reported under the family name.
+  """
+  rows = []
+  for case in cases:
+    args = make_inputs(case, seed=hash(case.label) % 2**31)
+    fns = contenders_for(case)
+    samples = {name: [] for name in fns}
+    errors = {}
+    for r in range(rounds):
+      for name, fn in list(fns.items()):
+        try:
+          samples[name] += cupti_times_ms(fn, args, iterations)
+        except Exception as e:  # a contender that cannot run this case is reported, not fatal
+          errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+          del fns[name]
+          samples.pop(name)
+      if r == 0:
+        _keep_best_of_families(fns, samples, lambda name, ms: log(
+            f"{case.label:40s} {name:32s} round-0 median {ms * 1e3:9.1f} us "
+            f"{case.flops / (ms * 1e-3) / 1e12:7.1f} TFLOP/s"))
+    for name, times in samples.items():
+      med = statistics.median(times)
+      row = dict(case=case.label, m=case.m, n=case.n, k=case.k, layout=case.layout,
+                 epilogue=case.epilogue, contender=name.split("[")[0], variant=name,
+                 median_ms=med, min_ms=min(times), max_ms=max(times), samples=len(times),
+                 tflops=case.flops / (med * 1e-3) / 1e12)
+      row["pct_peak"] = 100 * row["tflops"] / PEAK_TFLOPS[case.dtype]
+      rows.append(row)
+      log(f"{case.label:40s} {name:32s} {med * 1e3:9.1f} us {row['tflops']:7.1f} TFLOP/s")
+    for name, err in errors.items():
+      rows.append(dict(case=case.label, contender=name.split("[")[0], variant=name, error=err))
+      log(f"{case.label:40s} {name:24s} ERROR {err}")
+  return rows
+
+
+def _keep_best_of_families(fns, samples, report):
+  families = {}
+  for name in fns:
+    if "[" in name:
+      families.setdefault(name.split("[")[0], []).append(name)
+  for members in families.values():
+    for name in members:
+      report(name, statistics.median(samples[name]))
+    best = min(members, key=lambda n: statistics.median(samples[n]))
+    for name in members:
+      if name != best:
+        del fns[name]
+        samples.pop(name)
+
+
+def format_table(rows, reference="xla") -> str:
+  """Markdown table: one line per case, TFLOP/s per contender and ratios to the others."""
+  by_case = {}
+  for row in rows:
+    if "error" not in row:
+      by_case.setdefault(row["case"], {})[row["contender"]] = row
+  lines = ["| case | pallas_gemm TFLOP/s (% peak) | xla | jax_mgpu | pallas/xla | pallas/jax_mgpu |",
+           "|---|---|---|---|---|---|"]
+  for case, cont in by_case.items():
+    def cell(name):
+      r = cont.get(name)
+      return "—" if r is None else f"{r['tflops']:.0f} ({r['pct_peak']:.0f}%)"
+    def ratio(name):
+      if "pallas_gemm" not in cont or name not in cont:
+        return "—"
+      return f"{cont['pallas_gemm']['tflops'] / cont[name]['tflops']:.3f}"
+    lines.append(f"| {case} | {cell('pallas_gemm')} | {cell('xla')} | {cell('jax_mgpu')} | "
+                 f"{ratio('xla')} | {ratio('jax_mgpu')} |")
+  return "\n".join(lines)
+
+
+def environment() -> dict:
+  dev = jax.devices()[0]
+  return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
+              method="CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median, no L2 flush, "
+                     "inputs iid N(0,1)")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--shapes", default="4096x8192x4096,8192x8192x8192,4096x4096x4096")
+  parser.add_argument("--layouts", default="NN")
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--epilogue", default=None, choices=[e for e in EPILOGUES if e])
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument("--out", default=None, help="folder for results.json")
+  args = parser.parse_args(argv)
+  env = environment()
+  print(json.dumps(env))
+  if env["platform"] != "gpu":
+    print("no GPU: running the kernel in interpret mode at 128x256x64; timings are meaningless")
+    case = Case(128, 256, 64)
+    a, b, bias = make_inputs(case, 0)
+    out = pallas_fn(case, implementation="interpret")(a, b, bias)
+    ref = xla_fn(case)(a, b, bias)
+    err = float(jnp.linalg.norm((out - ref).astype(jnp.float32)) / jnp.linalg.norm(ref.astype(jnp.float32)))
+    print(f"interpret-mode relative error vs XLA: {err:.2e}")
+    return 0
+  cases = [Case(m, n, k, args.dtype, layout, args.epilogue)
+           for (m, n, k) in parse_shapes(args.shapes) for layout in args.layouts.split(",")]
+
+  def contenders(case):
+    return {"pallas_gemm": pallas_fn(case), "xla": xla_fn(case), **jax_mgpu_fns(case)}
+
+  rows = run_cases(cases, contenders, rounds=args.rounds, iterations=args.iterations)
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump(dict(environment=env, rows=rows), f, indent=1)
+  print(format_table(rows))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
