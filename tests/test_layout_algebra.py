@@ -562,6 +562,12 @@ def test_logical_product_known_values():
     assert logical_product(Layout((2, 2), (1, 2)), Layout(3)) == Layout(((2, 2), 3), ((1, 2), 4))
     # A strided tiler picks every other copy: complement (2,4):(2,8) o 4:2 == 4:8.
     assert logical_product(A, Layout(4, 2)) == Layout(((2, 2), 4), ((4, 1), 8))
+    # The cotarget is size(A) * cosize(B): for A = 2:2 (image {0,2}) and
+    # B = 2:2 (cosize 3), complement(A, 6) = (2,2):(1,4), and copy B(1) = 2
+    # starts at its offset 2 -> 4, disjoint from A's image.
+    P = logical_product(Layout(2, 2), Layout(2, 2))
+    assert P == Layout((2, 2), (2, 4))
+    assert sorted(offsets(P).tolist()) == [0, 2, 4, 6]
 
 
 @pytest.mark.parametrize("A, B", [
@@ -742,6 +748,13 @@ def test_downcast(L, n, expected):
     want = {n * x + k for x in offsets(L).tolist() for k in range(n)}
     assert set(offsets(D).tolist()) == want
     assert upcast(D, n) == L
+
+
+def test_downcast_of_a_reversed_mode():
+    # CuTe: a mode of stride +-1 grows by n, keeping its stride.
+    assert downcast(Layout(4, -1), 2) == Layout(8, -1)
+    assert downcast(Layout((4, 3), (-1, 8)), 2) == Layout((8, 3), (-1, 16))
+    assert upcast(Layout(8, -1), 2) == Layout(4, -1)
 
 
 def test_recast():

@@ -434,6 +434,21 @@ def test_logical_product_fills_the_gaps_first(A, m):
 
 
 @PROFILE
+@given(gapped_layouts(max_size=16, pow2=True), st.data())
+def test_logical_product_with_strided_tiler_is_injective(A, data):
+    # Power-of-two sizes: always a layout. Copy j of A starts at origin B(j)
+    # of the complement (the greedy tiling of A's gaps), so the product is
+    # injective whenever B is.
+    B = data.draw(gapped_layouts(max_size=8, max_leaves=2, pow2=True))
+    P = logical_product(A, B)
+    assert P[0] == A and size(P) == size(A) * size(B)
+    origins = np.asarray(greedy_origins(offsets(A), size(A) * (offsets(B).max() + 1) + span(A)))
+    want = (offsets(A)[:, None] + origins[offsets(B)][None, :]).ravel(order="F")
+    np.testing.assert_array_equal(offsets(P), want)
+    assert len(set(want.tolist())) == len(want)
+
+
+@PROFILE
 @given(compact_layouts(max_size=16, max_leaves=2), layouts(rank2=True, max_stride=6), st.data())
 def test_blocked_and_raked_products(A1, B, data):
     A0 = data.draw(compact_layouts(max_size=16, max_leaves=2))

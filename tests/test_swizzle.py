@@ -178,6 +178,18 @@ def test_composed_layout_modes_and_slices_keep_absolute_offsets():
     assert off == 0 and sub.offset == 5
 
 
+def test_repeated_slices_accumulate_the_offset():
+    cl = composition(SW, Layout((2, 8, 64), (512, 64, 1)))
+    plane = cl(1, None, None)
+    assert plane.offset == 512
+    row = plane(3, None)
+    assert row.offset == 512 + 3 * 64
+    assert [row(c) for c in range(64)] == [ref_swizzle(512 + 192 + c, 3, 4, 3) for c in range(64)]
+    tile = local_tile(plane, (4, 8), (1, 2))
+    assert [tile(i, j) for i in range(4) for j in range(8)] == [
+        ref_swizzle(512 + 64 * (4 + i) + 16 + j, 3, 4, 3) for i in range(4) for j in range(8)]
+
+
 def test_composed_layout_algebra_acts_on_inner():
     cl = composition(SW, L)
     T = Layout((4, 4), (1, 64))
