@@ -227,6 +227,14 @@ def test_nested_none_slicing_and_offset_by_brute_force():
     assert sub == Layout((), ()) and off == L(1, 5)
 
 
+def test_slice_coordinate_must_match_the_shape():
+    L = Layout((4, (2, 3)), (6, (3, 1)))
+    with pytest.raises(ValueError, match="does not match"):
+        L(None, 1, 2)
+    with pytest.raises(ValueError, match="does not match"):
+        slice_and_offset((None, (1, None, 0)), L)
+
+
 # -- coalesce and filter ---------------------------------------------------------
 
 @pytest.mark.parametrize("shape, stride, expected", [
