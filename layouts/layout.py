@@ -418,7 +418,9 @@ def complement(layout, cotarget=None) -> Layout:
 
     ``cotarget`` (an int or a shape) defaults to ``cosize(layout)``. Requires
     positive strides that, sorted, each divide the span of the modes below
-    (otherwise the layout overlaps itself and there is no complement).
+    (otherwise the layout overlaps itself, or its modes interleave, and it has
+    no complement: CuTe C++ checks only the overlap and can return a
+    layout that misses offsets; this raises instead).
 
     >>> complement(Layout(4, 4), 16)
     4:1
@@ -438,7 +440,8 @@ def complement(layout, cotarget=None) -> Layout:
         if d % current != 0:
             raise ValueError(
                 f"complement: {layout} is not complementable: stride {d} is not a "
-                f"multiple of {current}, the span of the smaller modes (the layout overlaps itself)")
+                f"multiple of {current}, the span of the smaller modes (the layout overlaps "
+                f"itself or its modes interleave)")
         result.append((d // current, current))
         current = s * d
     result.append((ceil_div(cotarget, current), current))
