@@ -1,7 +1,8 @@
-"""Every docstring example in `layouts` runs and prints what it says."""
+"""Every docstring example in `layouts` and the README runs and prints what it says."""
 
 import doctest
 import importlib
+import pathlib
 import pkgutil
 
 import pytest
@@ -19,3 +20,10 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+
+
+def test_readme_examples():
+    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+    result = doctest.testfile(str(readme), module_relative=False,
+                              optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
