@@ -48,7 +48,7 @@ class Check:
   c_shape: tuple | None = None
 
 
-def _checks() -> list[Check]:
+def checks() -> list[Check]:
   coop_n = GemmConfig(wg_split="n")
   ping = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6)
   checks = []
@@ -175,7 +175,7 @@ def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
 
 def correctness(log, export_only=False, only=None) -> list[dict]:
   results = []
-  for i, check in enumerate(_checks()):
+  for i, check in enumerate(checks()):
     if only and not any(word in check.name for word in only):
       continue
     try:

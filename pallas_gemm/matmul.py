@@ -185,10 +185,24 @@ def _out_extent(problem, config, interpret):
   return _tma_rows(problem.m), cols
 
 
-def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret):
-  config = config or default_config(problem)
-  if interpret and config.num_sms is None:
+def _interpret_config(config, problem):
+  """A config the GPU interpreter can run: a small grid, clusters only where supported."""
+  if config is None:
+    config = default_config(problem)
+    if not _compat.INTERPRET_SUPPORTS_CLUSTERS:
+      config = dataclasses.replace(config, cluster=(1, 1))
+  elif config.cluster_size > 1 and not _compat.INTERPRET_SUPPORTS_CLUSTERS:
+    raise ValueError(f"GemmConfig.cluster={config.cluster}: jax {jax.__version__}'s GPU "
+                     "interpreter has no cluster barriers; use cluster=(1, 1) there")
+  if config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS * config.cluster_size)
+  return config
+
+
+def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret):
+  if interpret:
+    config = _interpret_config(config, problem)
+  config = config or default_config(problem)
   config.validate(problem)
   m, n = problem.m, problem.n
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.

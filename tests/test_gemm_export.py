@@ -1,0 +1,135 @@
+"""Tier 1: every supported configuration lowers for CUDA on the CPU (jax.export),
+and every rejected one fails with pallas_gemm's own error, before Mosaic sees it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_gemm import GemmConfig, matmul
+
+COOP_N = GemmConfig(wg_split="n")
+PINGPONG = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6)
+
+
+def _export(a_shape, b_shape, *, dtype="bfloat16", bias=False, c_shape=None, c_dtype=None, **kw):
+  args = [jax.ShapeDtypeStruct(a_shape, dtype), jax.ShapeDtypeStruct(b_shape, dtype)]
+  n = b_shape[-2] if kw.get("transpose_b") else b_shape[-1]
+  args.append(jax.ShapeDtypeStruct((n,), jnp.float32) if bias else None)
+  args.append(jax.ShapeDtypeStruct(c_shape, c_dtype or kw.get("out_dtype") or dtype)
+              if c_shape else None)
+  fn = jax.jit(lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="pallas", **kw))
+  exported = jax.export.export(fn, platforms=["cuda"])(*args)
+  assert "mosaic_gpu" in exported.mlir_module()
+  return exported
+
+
+def _shapes(m, n, k, ta, tb, batch=()):
+  return (*batch, *((k, m) if ta else (m, k))), (*batch, *((n, k) if tb else (k, n)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_layouts_and_dtypes(dtype, layout):
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  a, b = _shapes(1000, 1016, 1000, ta, tb)
+  exp = _export(a, b, dtype=dtype, transpose_a=ta, transpose_b=tb)
+  assert exp.out_avals[0].shape == (1000, 1016)
+
+
+@pytest.mark.parametrize("config", [
+    GemmConfig(), COOP_N, PINGPONG,
+    GemmConfig(cluster=(2, 1)), GemmConfig(cluster=(1, 2)),
+    dataclasses.replace(PINGPONG, cluster=(2, 1)),
+    GemmConfig(stages=3, epilogue_tile=None), GemmConfig(raster="along_m", group=4),
+    GemmConfig(tile_m=256, tile_n=128), GemmConfig(tile_m=64, tile_n=256, wg_split="n"),
+], ids=lambda c: f"{c.schedule}-{c.wg_split}-{c.tile_m}x{c.tile_n}-s{c.stages}-c{c.cluster}")
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_configs(config, layout):
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  if ta and config.schedule == "cooperative":
+    config = dataclasses.replace(config, wg_split="n")
+  a, b = _shapes(4096, 8192, 4096, ta, tb)
+  _export(a, b, transpose_a=ta, transpose_b=tb, config=config)
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("epilogue", [
+    dict(), dict(bias=True, activation="gelu_tanh"), dict(bias=True, activation="gelu_exact"),
+    dict(activation="relu"), dict(activation="silu"), dict(activation="sigmoid"),
+    dict(c_shape=(1000, 1016), alpha=0.5, beta=2.0, bias=True),
+], ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()) or "plain")
+def test_epilogues(out_dtype, epilogue):
+  _export((1000, 1000), (1000, 1016), out_dtype=out_dtype, **epilogue)
+
+
+@pytest.mark.parametrize("case", [
+    dict(a_shape=(3, 300, 200), b_shape=(3, 200, 264)),
+    dict(a_shape=(3, 200, 300), b_shape=(3, 264, 200), transpose_a=True, transpose_b=True),
+    dict(a_shape=(2, 3, 100, 64), b_shape=(64, 200)),            # batch folded into M
+    dict(a_shape=(3, 64, 100), b_shape=(64, 200), transpose_a=True),  # shared 2-D B
+    dict(a_shape=(100, 64), b_shape=(3, 64, 200), c_shape=(100, 200), beta=1.0),
+], ids=["batched", "batched-TT", "fold-into-M", "shared-B", "shared-A-c2d"])
+def test_batched(case):
+  _export(**case)
+
+
+@pytest.mark.parametrize("m,n,k", [
+    (4000, 8000, 4000),  # K % 64 != 0 -> 64-byte swizzle, no copy
+    (200, 136, 72),      # nothing aligned -> pads
+    (5, 1, 40), (1, 300, 1), (1001, 999, 1003),
+])
+def test_odd_shapes(m, n, k):
+  a, b = _shapes(m, n, k, False, False)
+  assert _export(a, b).out_avals[0].shape == (m, n)
+
+
+# -- rejected configurations: our ValueError, naming the field ----------------
+@pytest.mark.parametrize("config,field", [
+    (GemmConfig(stages=1), "stages"),
+    (GemmConfig(stages=6), "stages"),           # shared memory
+    (GemmConfig(tile_m=96), "tile_m"),
+    (GemmConfig(tile_n=512), "tile_n"),
+    (GemmConfig(tile_n=200), "tile_n"),         # MN-major B tile needs 64-multiples
+    (GemmConfig(tile_k=48), "tile_k"),
+    (GemmConfig(tile_m=256, tile_n=256), "tile_n"),  # accumulator registers
+    (GemmConfig(cluster=(2, 2)), "cluster"),
+    (GemmConfig(schedule="stream-k"), "schedule"),
+    (GemmConfig(wg_split="k"), "wg_split"),
+    (GemmConfig(raster="hilbert"), "raster"),
+    (GemmConfig(group=0), "group"),
+    (GemmConfig(num_sms=3, cluster=(2, 1)), "num_sms"),
+    (GemmConfig(epilogue_tile=(32, 64)), "epilogue_tile"),
+    (GemmConfig(epilogue_tile=(64, 96)), "epilogue_tile"),
+])
+def test_rejected_configs(config, field):
+  with pytest.raises(ValueError, match=rf"^GemmConfig\.{field}="):
+    _export((1024, 1024), (1024, 1024), config=config)
+
+
+def test_transposed_a_needs_split_n():
+  with pytest.raises(ValueError, match=r"^GemmConfig\.wg_split="):
+    _export((1024, 1024), (1024, 1024), transpose_a=True, config=GemmConfig(wg_split="m"))
+
+
+@pytest.mark.parametrize("kwargs,error,name", [
+    (dict(a=jnp.ones((8, 8), jnp.float32), b=jnp.ones((8, 8), jnp.float32)), TypeError, "a must be"),
+    (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.float16)), TypeError, "a and b"),
+    (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((9, 8), jnp.bfloat16)), ValueError, "contracting"),
+    (dict(a=jnp.ones((8,), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "a must have"),
+    (dict(bias=jnp.ones((7,))), ValueError, "bias"),
+    (dict(c=jnp.ones((8, 7)), beta=1.0), ValueError, "c must"),
+    (dict(beta=1.0), ValueError, "beta"),
+    (dict(alpha=jnp.float32(2.0)), TypeError, "alpha"),
+    (dict(activation="gelu"), ValueError, "activation"),
+    (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
+    (dict(implementation="triton"), ValueError, "implementation"),
+    (dict(config=dict(tile_m=128)), TypeError, "config"),
+    (dict(a=jnp.ones((2, 8, 8), jnp.bfloat16), b=jnp.ones((3, 8, 8), jnp.bfloat16)), ValueError, "batch"),
+])
+def test_bad_arguments(kwargs, error, name):
+  args = dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16))
+  args.update(kwargs)
+  with pytest.raises(error, match=name):
+    matmul(args.pop("a"), args.pop("b"), **args)

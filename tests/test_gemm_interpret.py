@@ -1,0 +1,206 @@
+"""Tier 2: the kernel's numerics in GPU interpret mode on the CPU (small shapes, 2 SMs).
+
+Compared with a float64 numpy reference by ||out - ref|| / ||ref||; inputs are
+fresh N(0,1) draws; unwritten memory reads as NaN in the interpreter (its
+default), so a tile the kernel forgets to store fails the NaN check.
+
+Gaps of the interpreter, skipped explicitly (never passed silently):
+- jax 0.10.2 cannot run WGMMA on a transposed SMEM view (transposed A or B),
+  and has no cluster barriers (TMA multicast);
+- partially out-of-bounds TMA stores are dropped, so `implementation="interpret"`
+  pads outputs (and operands) to whole tiles; true edge tiles run on the GPU
+  (tests/test_gemm_gpu.py). K tails with TMA zero fill are tested directly on
+  `hopper_gemm` with the interpreter's zero-fill mode.
+"""
+
+import dataclasses
+import faulthandler
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
+from pallas_gemm.hopper_gemm import hopper_gemm
+
+HANG_TIMEOUT_S = 180
+BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-5}
+
+needs_transposes = pytest.mark.skipif(
+    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views")
+needs_clusters = pytest.mark.skipif(
+    not _compat.INTERPRET_SUPPORTS_CLUSTERS,
+    reason="jax 0.10.2's GPU interpreter has no cluster barriers (TMA multicast)")
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+  """A failing callback in a warp-specialized kernel hangs the interpreter: abort loudly."""
+  faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True)
+  try:
+    yield
+  except BaseException:
+    _compat.reset_interpret_state()
+    raise
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _random(rng, shape, dtype):
+  return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype)
+
+
+def _reference(a, b, ta, tb, *, bias=None, c=None, alpha=1.0, beta=0.0, activation=None):
+  a64 = np.asarray(a.astype(jnp.float32), np.float64)
+  b64 = np.asarray(b.astype(jnp.float32), np.float64)
+  y = alpha * np.matmul(np.swapaxes(a64, -1, -2) if ta else a64,
+                        np.swapaxes(b64, -1, -2) if tb else b64)
+  if c is not None:
+    y = y + beta * np.asarray(c.astype(jnp.float32), np.float64)
+  if bias is not None:
+    y = y + np.asarray(bias, np.float64)
+  if activation == "relu":
+    y = np.maximum(y, 0)
+  elif activation == "gelu_tanh":
+    y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3)))
+  elif activation == "gelu_exact":
+    y = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
+  elif activation == "silu":
+    y = y / (1 + np.exp(-y))
+  elif activation == "sigmoid":
+    y = 1 / (1 + np.exp(-y))
+  return y
+
+
+def _check(out, ref, out_dtype):
+  out = np.asarray(jnp.asarray(out).astype(jnp.float32), np.float64)
+  assert out.shape == ref.shape
+  assert not np.isnan(out).any(), f"{np.isnan(out).sum()} output elements never written"
+  err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+  assert err <= BOUNDS[out_dtype], f"relative error {err:.2e} > {BOUNDS[out_dtype]}"
+
+
+def _run(m, n, k, *, layout="NN", dtype="bfloat16", batch=(), seed=0, config=None, **kw):
+  rng = np.random.default_rng(seed)
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  a = _random(rng, (*batch, *((k, m) if ta else (m, k))), dtype)
+  b = _random(rng, (*batch, *((n, k) if tb else (k, n))), dtype)
+  bias = _random(rng, (n,), jnp.float32) if kw.pop("bias", False) else None
+  out_dtype = kw.get("out_dtype", dtype)
+  c = _random(rng, kw.pop("c_shape"), out_dtype) if "c_shape" in kw else None
+  out = matmul(a, b, transpose_a=ta, transpose_b=tb, bias=bias, c=c, config=config,
+               implementation="interpret", **kw)
+  ref_kw = {key: kw[key] for key in ("alpha", "beta", "activation") if key in kw}
+  _check(out, _reference(a, b, ta, tb, bias=bias, c=c, **ref_kw), out_dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_nn(dtype):
+  _run(256, 256, 192, dtype=dtype)
+
+
+@pytest.mark.parametrize("layout", [
+    pytest.param("NT", marks=needs_transposes),
+    pytest.param("TN", marks=needs_transposes),
+    pytest.param("TT", marks=needs_transposes),
+])
+def test_transposed_layouts(layout):
+  _run(256, 256, 192, layout=layout,
+       config=GemmConfig(wg_split="n") if layout[0] == "T" else None)
+
+
+@pytest.mark.parametrize("config", [
+    GemmConfig(wg_split="n"),
+    GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=5),
+    GemmConfig(stages=3, epilogue_tile=None),
+    GemmConfig(tile_n=128, raster="along_m", group=1, stages=2),
+    pytest.param(GemmConfig(cluster=(2, 1)), marks=needs_clusters),
+    pytest.param(GemmConfig(cluster=(1, 2), tile_n=128), marks=needs_clusters),
+    pytest.param(GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4,
+                            cluster=(2, 1)), marks=needs_clusters),
+], ids=["coop-n", "pingpong", "whole-epilogue", "along_m-2stages",
+        "cluster21", "cluster12", "pingpong-cluster21"])
+def test_schedules(config):
+  # 3x3 tiles of 128 rows over 2 SMs: uneven tile counts per SM and per warpgroup.
+  _run(384, 3 * config.tile_n, 256, config=config)
+
+
+@pytest.mark.parametrize("epilogue", [
+    dict(bias=True, activation="relu"),
+    dict(bias=True, activation="gelu_tanh"),
+    dict(activation="gelu_exact"),
+    dict(activation="silu"),
+    dict(bias=True, activation="sigmoid"),
+    dict(c_shape=(256, 256), alpha=0.5, beta=-2.0, bias=True),
+    dict(out_dtype="float32", c_shape=(256, 256), beta=1.0),
+], ids=["bias-relu", "bias-gelu_tanh", "gelu_exact", "silu", "bias-sigmoid",
+        "alpha-beta-c-bias", "f32-out-c"])
+def test_epilogues(epilogue):
+  _run(256, 256, 128, **epilogue)
+
+
+def test_odd_shape_all_operands_padded():
+  _run(200, 136, 72)
+
+
+def test_batched():
+  _run(130, 200, 64, batch=(3,), seed=1)
+
+
+def test_batch_folded_into_m_with_shared_b():
+  rng = np.random.default_rng(2)
+  a = _random(rng, (2, 3, 50, 64), "bfloat16")
+  b = _random(rng, (64, 136), "bfloat16")
+  out = matmul(a, b, implementation="interpret")
+  _check(out, _reference(a, b, False, False), "bfloat16")
+
+
+@needs_transposes
+def test_batched_transposed_a_with_shared_b():
+  rng = np.random.default_rng(3)
+  a = _random(rng, (3, 64, 100), "bfloat16")
+  b = _random(rng, (64, 136), "bfloat16")
+  out = matmul(a, b, transpose_a=True, implementation="interpret",
+               config=GemmConfig(wg_split="n"))
+  _check(out, _reference(a, b, True, False), "bfloat16")
+
+
+def test_k_tail_zero_fill():
+  """K = 96 with 64-wide K tiles: the second stage reads past K (TMA zero fill)."""
+  rng = np.random.default_rng(4)
+  a = _random(rng, (256, 96), "bfloat16")
+  b = _random(rng, (96, 256), "bfloat16")
+  problem = GemmProblem(m=256, n=256, k=96)
+  out = hopper_gemm(a, b, problem=problem, config=GemmConfig(num_sms=2),
+                    interpret=_compat.interpret_params(zero_fill=True))
+  _check(out, _reference(a, b, False, False), "bfloat16")
+
+
+def test_matches_xla_path():
+  """`implementation="xla"` computes the same function (same epilogue code)."""
+  rng = np.random.default_rng(5)
+  a, b = _random(rng, (128, 64), "bfloat16"), _random(rng, (64, 256), "bfloat16")
+  bias = _random(rng, (256,), jnp.float32)
+  kw = dict(bias=bias, activation="gelu_tanh", alpha=1.5)
+  got = matmul(a, b, implementation="interpret", **kw).astype(jnp.float32)
+  want = matmul(a, b, implementation="xla", **kw).astype(jnp.float32)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-2, atol=1e-2)
+
+
+def test_rejected_config_fails_before_interpreting():
+  with pytest.raises(ValueError, match=r"^GemmConfig\.stages="):
+    _run(128, 256, 64, config=GemmConfig(stages=7))
+
+
+def test_default_interpret_grid_is_small():
+  cfg = dataclasses.replace(GemmConfig(), num_sms=None)
+  _run(128, 256, 64, config=cfg)
+
+
+@pytest.mark.skipif(_compat.INTERPRET_SUPPORTS_CLUSTERS,
+                    reason="only interpreters without cluster barriers reject clusters")
+def test_cluster_rejected_by_old_interpreter():
+  with pytest.raises(ValueError, match=r"^GemmConfig\.cluster="):
+    _run(256, 256, 64, config=GemmConfig(cluster=(2, 1)))
