@@ -206,24 +206,23 @@ def _keep_best_of_families(fns, samples, report):
         samples.pop(name)
 
 
-def format_table(rows, reference="xla") -> str:
-  """Markdown table: one line per case, TFLOP/s per contender and ratios to the others."""
+def format_table(rows, ours=("pallas_gemm", "pallas_best"), others=("xla", "jax_mgpu")) -> str:
+  """Markdown table: one line per case, TFLOP/s (% of peak) per contender, ratios ours/others."""
   by_case = {}
   for row in rows:
     if "error" not in row:
       by_case.setdefault(row["case"], {})[row["contender"]] = row
-  lines = ["| case | pallas_gemm TFLOP/s (% peak) | xla | jax_mgpu | pallas/xla | pallas/jax_mgpu |",
-           "|---|---|---|---|---|---|"]
+  present = [c for c in (*ours, *others) if any(c in cont for cont in by_case.values())]
+  pairs = [(o, t) for o in ours if o in present for t in others if t in present]
+  lines = ["| case | " + " | ".join(f"{c} TFLOP/s (% peak)" for c in present) + " | "
+           + " | ".join(f"{o}/{t}" for o, t in pairs) + " |",
+           "|---" * (1 + len(present) + len(pairs)) + "|"]
   for case, cont in by_case.items():
-    def cell(name):
-      r = cont.get(name)
-      return "—" if r is None else f"{r['tflops']:.0f} ({r['pct_peak']:.0f}%)"
-    def ratio(name):
-      if "pallas_gemm" not in cont or name not in cont:
-        return "—"
-      return f"{cont['pallas_gemm']['tflops'] / cont[name]['tflops']:.3f}"
-    lines.append(f"| {case} | {cell('pallas_gemm')} | {cell('xla')} | {cell('jax_mgpu')} | "
-                 f"{ratio('xla')} | {ratio('jax_mgpu')} |")
+    cells = [f"{cont[c]['tflops']:.0f} ({cont[c]['pct_peak']:.0f}%)" if c in cont else "—"
+             for c in present]
+    ratios = [f"{cont[o]['tflops'] / cont[t]['tflops']:.3f}" if o in cont and t in cont else "—"
+              for o, t in pairs]
+    lines.append(f"| {case} | " + " | ".join(cells + ratios) + " |")
   return "\n".join(lines)
 
 
