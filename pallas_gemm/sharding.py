@@ -1,0 +1,127 @@
+"""The GEMM on sharded arrays: the kernel runs per shard inside `shard_map`.
+
+A Mosaic kernel is an opaque custom call that XLA's partitioner cannot split,
+and under meshes with Explicit axes (the default of `jax.make_mesh`) a bare
+kernel call is rejected outright. So when an operand's type carries a
+sharding over Explicit mesh axes, `gemm` reads the specs from the types,
+runs the kernel on the local blocks, and `psum`s over the mesh axes that
+shard the contracting dimension:
+
+  batch and M follow A, N follows B, K follows A (or B where A's K is not
+  sharded); an operand sharded otherwise is resharded first, and a mesh axis
+  claimed by two roles keeps the first (batch, M, N, K).
+
+With a sharded K the epilogue (bias, c, activation) is not linear in the
+partial products, so each shard computes `alpha * op(a) @ op(b)` in f32, the
+sum is taken, and the epilogue runs in XLA on the result, still per shard.
+
+Arrays on meshes with Auto axes carry no sharding in their types inside
+`jax.jit`; for them `gemm` runs the kernel on the global arrays and leaves
+the partitioning to XLA (correct; the XLA implementation is partitioned,
+the kernel is not).
+
+>>> import jax, jax.numpy as jnp
+>>> from pallas_gemm.batching import GemmCall
+>>> call = GemmCall(out_dtype="float32", implementation="xla")
+>>> gemm(call, jnp.ones((4, 3), jnp.bfloat16), jnp.ones((3, 2), jnp.bfloat16)).tolist()
+[[3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax import lax
+from jax.sharding import AxisType, PartitionSpec as P
+
+from pallas_gemm import batching
+from pallas_gemm.batching import GemmCall
+
+
+def gemm(call: GemmCall, a, b, bias=None, c=None):
+  """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes."""
+  mesh = explicit_mesh(a, b, bias, c)
+  if mesh is None:
+    return batching.gemm(call, a, b, bias, c)
+  plan = _Plan.of(call, a, b)
+  operands = {"a": (a, plan.a), "b": (b, plan.b), "bias": (bias, (plan.n,)),
+              "c": (c, None if c is None else plan.out[-c.ndim:])}
+  names = [name for name, (x, _) in operands.items() if x is not None]
+
+  def local(*arrays):
+    kw = dict(zip(names, arrays))
+    if not plan.k:
+      return batching.gemm(call, kw["a"], kw["b"], kw.get("bias"), kw.get("c"))
+    partial = batching.gemm(call.linear(), kw["a"], kw["b"])
+    return batching.finish_epilogue(call, lax.psum(partial, plan.k),
+                                    bias=kw.get("bias"), c=kw.get("c"))
+
+  sharded = jax.shard_map(
+      local, mesh=mesh, in_specs=tuple(_p(operands[name][1]) for name in names),
+      out_specs=_p(plan.out), check_vma=False)
+  return jax.jit(sharded)(*(reshard(*operands[name]) for name in names))
+
+
+def explicit_mesh(*arrays):
+  """The mesh with Explicit axes the arrays (or the current mesh context) live on, or None."""
+  meshes = [jax.typeof(x).sharding.mesh for x in arrays if x is not None]
+  for mesh in (*meshes, jax.sharding.get_abstract_mesh()):
+    if any(kind == AxisType.Explicit for kind in mesh.axis_types):
+      return mesh
+  return None
+
+
+def reshard(x, spec):
+  """`x` with per-dim `spec` (tuples of mesh axis names); no-op if it has it or spec is None."""
+  if spec is None or _spec(x) == tuple(spec):
+    return x
+  return jax.sharding.reshard(x, _p(spec))
+
+
+def explicit_spec(x):
+  """x's per-dim spec if it lives on a mesh with Explicit axes (else None), for `reshard`."""
+  return None if explicit_mesh(x) is None else _spec(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Per-dim specs (tuples of mesh axis names, () = replicated) of one sharded GEMM."""
+
+  a: tuple
+  b: tuple
+  out: tuple
+  n: tuple
+  k: tuple
+
+  @classmethod
+  def of(cls, call, a, b):
+    sa, sb = _spec(a), _spec(b)
+    batch_a, batch_b = sa[:-2], sb[:-2]
+    if batch_a and batch_b:
+      batch = tuple(x or y for x, y in zip(batch_a, batch_b))
+    else:
+      batch = batch_a or batch_b
+    m, k_a = sa[-2:][::-1] if call.transpose_a else sa[-2:]
+    k_b, n = sb[-2:][::-1] if call.transpose_b else sb[-2:]
+    used = set()
+    roles = []
+    for entry in (*batch, m, n, k_a or k_b):
+      entry = tuple(axis for axis in entry if axis not in used)
+      used.update(entry)
+      roles.append(entry)
+    *batch, m, n, k = roles
+    a_spec = (*batch[:len(batch_a)], *((k, m) if call.transpose_a else (m, k)))
+    b_spec = (*batch[:len(batch_b)], *((n, k) if call.transpose_b else (k, n)))
+    return cls(a=a_spec, b=b_spec, out=(*batch, m, n), n=n, k=k)
+
+
+def _spec(x):
+  """x's sharding as one tuple of mesh axis names per dim."""
+  spec = tuple(jax.typeof(x).sharding.spec)
+  spec += (None,) * (x.ndim - len(spec))
+  return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec)
+
+
+def _p(spec):
+  return P(*(None if not e else e[0] if len(e) == 1 else e for e in spec))

@@ -1,0 +1,332 @@
+"""Gradients of `pallas_gemm.autodiff.matmul` against jax.grad of a float64 XLA reference.
+
+XLA implementation for the broad matrix (every layout, epilogue and dtype),
+finite differences in f32, jax transformations, and which kernels the
+differentiated program contains (traced for the Pallas kernel, not run).
+A few cases run the kernel itself in GPU interpret mode.
+"""
+
+import collections
+import zlib
+
+import jax
+from jax.extend import core as jax_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from pallas_gemm import _compat
+from pallas_gemm.autodiff import matmul
+from pallas_gemm.config import GemmConfig
+
+M, K, N = 24, 40, 16
+LAYOUTS = ["NN", "NT", "TN", "TT"]
+ACTIVATIONS_F64 = {
+    None: lambda z: z,
+    "relu": lambda z: jnp.maximum(z, 0.0),
+    "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+    "gelu_exact": lambda z: jax.nn.gelu(z, approximate=False),
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+}
+EPILOGUES = {
+    "none": dict(),
+    "bias": dict(bias=True),
+    **{act: dict(bias=True, activation=act) for act in ACTIVATIONS_F64 if act},
+    "alpha_beta_c": dict(c=True, alpha=0.5, beta=-1.5),
+}
+TOLERANCE = {"bfloat16": 1.5e-2, "float16": 2e-3, "float32": 1e-5}
+"""Norm-wise relative error of outputs and gradients (bf16 eps 3.9e-3, f16 4.9e-4)."""
+
+needs_transposed_interpret = pytest.mark.skipif(
+    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason="the backward GEMMs are transposed problems, which the GPU interpreter of "
+           f"jax {jax.__version__} cannot run (transposed WGMMA operands)")
+
+
+def _rng(*parts):
+  return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def _normal(rng, shape, dtype):
+  return jnp.asarray(rng.standard_normal(shape).astype(dtype))
+
+
+def _problem(layout, dtype, *, bias=False, c=False, activation=None, alpha=1.0, beta=0.0,
+             batch_a=(), batch_b=(), seed=()):
+  """Fresh random operands (never zeros), a random cotangent and matmul's keyword args."""
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  rng = _rng(layout, dtype, activation, batch_a, batch_b, seed)
+  args = {
+      "a": _normal(rng, (*batch_a, *((K, M) if ta else (M, K))), dtype),
+      "b": _normal(rng, (*batch_b, *((N, K) if tb else (K, N))), dtype),
+      "bias": _normal(rng, (N,), jnp.float32) if bias else None,
+      "c": _normal(rng, (M, N), dtype) if c else None,
+  }
+  cotangent = _normal(rng, (*(batch_a or batch_b), M, N), jnp.float32)
+  static = dict(transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta)
+  return args, cotangent, static
+
+
+def _reference(a, b, bias, c, *, transpose_a, transpose_b, activation, alpha, beta):
+  op_a = jnp.swapaxes(a, -1, -2) if transpose_a else a
+  op_b = jnp.swapaxes(b, -1, -2) if transpose_b else b
+  z = alpha * jnp.matmul(op_a, op_b, precision="highest")
+  if c is not None:
+    z = z + beta * c
+  if bias is not None:
+    z = z + bias
+  return ACTIVATIONS_F64[activation](z)
+
+
+def _grads(fn, args, cotangent):
+  """Output and gradients of sum(fn(**args) * cotangent) w.r.t. every non-None arg."""
+  names = [name for name, x in args.items() if x is not None]
+
+  def loss(*xs):
+    y = fn(**dict(args, **dict(zip(names, xs))))
+    return jnp.sum(y.astype(cotangent.dtype) * cotangent), y
+
+  (_, y), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
+      *(args[name] for name in names))
+  return y, dict(zip(names, grads))
+
+
+def _reference_grads(args, cotangent, static):
+  with jax.enable_x64(True):
+    args64 = {k: None if x is None else jnp.asarray(np.asarray(x, np.float64))
+              for k, x in args.items()}
+    y, grads = _grads(lambda **kw: _reference(**kw, **static), args64,
+                      jnp.asarray(np.asarray(cotangent, np.float64)))
+    return np.asarray(y), {k: np.asarray(g) for k, g in grads.items()}
+
+
+def _rel_err(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+def _check_against_reference(args, cotangent, static, tol, **kw):
+  fn = (lambda a, b, bias, c, ct: _grads(
+      lambda **x: matmul(**x, **static, **kw), dict(a=a, b=b, bias=bias, c=c), ct))
+  y, grads = fn(**args, ct=cotangent)
+  y_ref, grads_ref = _reference_grads(args, cotangent, static)
+  assert _rel_err(y, y_ref) < tol
+  assert grads.keys() == grads_ref.keys()
+  for name, g in grads.items():
+    assert g.shape == args[name].shape and g.dtype == args[name].dtype, name
+    assert _rel_err(g, grads_ref[name]) < tol, name
+
+
+# -- the matrix: every layout x epilogue x dtype (XLA implementation) ----------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradients_match_float64_reference(layout, epilogue, dtype):
+  args, cotangent, static = _problem(layout, dtype, **EPILOGUES[epilogue])
+  _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
+
+
+@pytest.mark.parametrize("batch_a,batch_b", [((3,), ()), ((2, 3), ()), ((3,), (3,)), ((), (3,))],
+                         ids=["shared_b", "shared_b_2d_batch", "both", "shared_a"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batched_gradients_sum_over_shared_operands(layout, batch_a, batch_b):
+  # c is (M, N) against a batched output: its gradient sums over the batch too.
+  args, cotangent, static = _problem(layout, "bfloat16", bias=True, c=True, activation="silu",
+                                     alpha=2.0, beta=0.5, batch_a=batch_a, batch_b=batch_b)
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
+                           implementation="xla")
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_exact", "sigmoid"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numerical_gradients_f32(layout, activation):
+  args, _, static = _problem(layout, "float32", bias=True, c=True, activation=activation,
+                             alpha=0.75, beta=1.25, seed="numerical")
+  fn = lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="xla", **static)
+  check_grads(fn, tuple(args.values()), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+
+
+# -- mixed precision -----------------------------------------------------------------
+def _eqns(jaxpr):
+  """Every equation of a jaxpr, nested ones included."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if isinstance(sub, jax_core.ClosedJaxpr):
+          yield from _eqns(sub.jaxpr)
+        elif isinstance(sub, jax_core.Jaxpr):
+          yield from _eqns(sub)
+
+
+def _kernels(fn, *args):
+  """Pallas kernel launches in fn's jaxpr (traced for the GPU, never run): their output avals."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return [eqn.outvars[0].aval for eqn in _eqns(jaxpr) if eqn.primitive.name == "mpmd_map"]
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_f32_forward_output_keeps_the_backward_gemms_bf16(implementation):
+  args, cotangent, static = _problem("NN", "bfloat16", bias=True, activation="gelu_tanh")
+  loss = lambda a, b, bias: jnp.sum(cotangent * matmul(
+      a, b, bias=bias, out_dtype=jnp.float32, implementation=implementation, **static))
+  grad = jax.grad(loss, argnums=(0, 1, 2))
+  jaxpr = jax.make_jaxpr(grad)(args["a"], args["b"], args["bias"]).jaxpr
+  if implementation == "xla":
+    dots = [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name == "dot_general"]
+    assert len(dots) == 3
+    assert all(v.aval.dtype == jnp.bfloat16 for eqn in dots for v in eqn.invars)
+    da, db, dbias = grad(args["a"], args["b"], args["bias"])
+    assert (da.dtype, db.dtype, dbias.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
+  else:
+    kernels = [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name == "mpmd_map"]
+    assert len(kernels) == 3
+    # forward: f32 pre-activation; backward: bf16 gradients accumulated in f32 in the kernel
+    assert sorted(eqn.outvars[0].aval.dtype.name for eqn in kernels) == [
+        "bfloat16", "bfloat16", "float32"]
+
+
+# -- which kernels run ----------------------------------------------------------------
+def _mlp(x, w1, w2, implementation="pallas"):
+  h = matmul(x, w1, activation="relu", implementation=implementation)
+  return matmul(h, w2, implementation=implementation)
+
+
+def _mlp_args():
+  rng = _rng("mlp")
+  return (_normal(rng, (128, 64), jnp.bfloat16), _normal(rng, (64, 128), jnp.bfloat16),
+          _normal(rng, (128, 64), jnp.bfloat16))
+
+
+def _loss(fn):
+  return lambda *args: jnp.sum(fn(*args).astype(jnp.float32))
+
+
+def test_unrequested_gradients_are_not_computed():
+  args = _mlp_args()
+  assert len(_kernels(jax.grad(_loss(_mlp), argnums=(0, 1, 2)), *args)) == 2 + 4
+  # frozen input: layer 1 needs no dX
+  assert len(_kernels(jax.grad(_loss(_mlp), argnums=(1, 2)), *args)) == 2 + 3
+  # frozen weights: no dW anywhere
+  assert len(_kernels(jax.grad(_loss(_mlp), argnums=0), *args)) == 2 + 2
+  # only the last weight: nothing flows into layer 1
+  assert len(_kernels(jax.grad(_loss(_mlp), argnums=2), *args)) == 2 + 1
+
+
+def test_remat_recomputes_only_what_the_backward_reads():
+  args = _mlp_args()
+  plain = _kernels(jax.grad(_loss(_mlp), argnums=(0, 1, 2)), *args)
+  remat = _kernels(jax.grad(_loss(jax.checkpoint(_mlp)), argnums=(0, 1, 2)), *args)
+  # Layer 1's pre-activation is recomputed (its residual, and layer 2's input);
+  # layer 2's forward kernel is not, since its residuals are its inputs.
+  assert len(remat) == len(plain) + 1
+
+
+def test_vmap_batch_becomes_the_kernel_batch():
+  x, w, _ = _mlp_args()
+  xs = jnp.stack([x, -x, 2 * x])
+  # shared weight: the vmapped batch folds into M of one kernel launch
+  assert [k.shape for k in _kernels(jax.vmap(lambda x: matmul(x, w, implementation="pallas")),
+                                    xs)] == [(3 * 128, 128)]
+  # both operands vmapped: one batched launch
+  ws = jnp.stack([w, w, w])
+  shapes = [k.shape for k in _kernels(jax.vmap(
+      lambda x, w: matmul(x, w, implementation="pallas")), xs, ws)]
+  assert shapes == [(3, 128, 128)]
+
+
+# -- jax transformations (XLA implementation, checked against plain XLA autodiff) ----------
+def _xla_mlp_loss(x, w1, w2, implementation):
+  h = matmul(x, w1, activation="gelu_tanh", implementation=implementation, out_dtype=jnp.float32)
+  y = matmul(h.astype(x.dtype), w2, implementation=implementation)
+  return jnp.mean(y.astype(jnp.float32) ** 2)
+
+
+def _reference_mlp_loss(x, w1, w2):
+  h = jax.nn.gelu(jnp.dot(x, w1, preferred_element_type=jnp.float32), approximate=True)
+  y = jnp.dot(h.astype(x.dtype), w2, preferred_element_type=jnp.float32).astype(x.dtype)
+  return jnp.mean(y.astype(jnp.float32) ** 2)
+
+
+def _assert_close_trees(x, y, tol=TOLERANCE["bfloat16"]):
+  for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert _rel_err(a, b) < tol
+
+
+@pytest.mark.parametrize("transform", ["jit_value_and_grad", "checkpoint", "vmap_of_grad",
+                                       "grad_of_vmap", "scan"])
+def test_transformations(transform):
+  x, w1, w2 = _mlp_args()
+  ours = lambda x, w1, w2: _xla_mlp_loss(x, w1, w2, "xla")
+  ref = _reference_mlp_loss
+  grad = lambda f: jax.grad(f, argnums=(0, 1, 2))
+  if transform == "jit_value_and_grad":
+    _assert_close_trees(jax.jit(jax.value_and_grad(ours, argnums=(1, 2)))(x, w1, w2),
+                        jax.value_and_grad(ref, argnums=(1, 2))(x, w1, w2))
+  elif transform == "checkpoint":
+    _assert_close_trees(jax.jit(grad(jax.checkpoint(ours)))(x, w1, w2), grad(ref)(x, w1, w2))
+  elif transform == "vmap_of_grad":
+    xs = jnp.stack([x[:64], x[64:]])
+    _assert_close_trees(jax.vmap(grad(ours), in_axes=(0, None, None))(xs, w1, w2),
+                        jax.vmap(grad(ref), in_axes=(0, None, None))(xs, w1, w2))
+  elif transform == "grad_of_vmap":
+    xs = jnp.stack([x[:64], x[64:]])
+    batched = lambda f: lambda xs, w1, w2: jnp.sum(jax.vmap(f, in_axes=(0, None, None))(xs, w1, w2))
+    _assert_close_trees(grad(batched(ours))(xs, w1, w2), grad(batched(ref))(xs, w1, w2))
+  else:
+    def layers(f):
+      def loss(x, ws):
+        def step(h, w):
+          y = f(h, w)
+          return y.astype(h.dtype), None
+        return jnp.mean(jax.lax.scan(step, x, ws)[0].astype(jnp.float32) ** 2)
+      return loss
+    ws = 0.1 * jnp.stack([w1[:, :64], w2[:64]])
+    ours_layer = lambda h, w: matmul(h, w, activation="silu", implementation="xla")
+    ref_layer = lambda h, w: jax.nn.silu(jnp.dot(h, w, preferred_element_type=jnp.float32))
+    _assert_close_trees(jax.grad(layers(ours_layer), argnums=(0, 1))(x[:, :64], ws),
+                        jax.grad(layers(ref_layer), argnums=(0, 1))(x[:, :64], ws))
+
+
+def test_forward_mode_is_refused():
+  x, w, _ = _mlp_args()
+  with pytest.raises(TypeError, match="forward-mode"):
+    jax.jvp(lambda x: matmul(x, w, implementation="xla"), (x,), (x,))
+
+
+def test_c_is_ignored_when_beta_is_zero_and_required_otherwise():
+  args, _, _ = _problem("NN", "bfloat16", c=True)
+  grad_c = jax.grad(lambda c: jnp.sum(matmul(args["a"], args["b"], c=c, implementation="xla")
+                                      .astype(jnp.float32)))(args["c"])
+  assert not np.any(np.asarray(grad_c, np.float32))
+  with pytest.raises(ValueError, match="needs c"):
+    matmul(args["a"], args["b"], beta=1.0, implementation="xla")
+  with pytest.raises(TypeError, match="Python number"):
+    matmul(args["a"], args["b"], alpha=jnp.float32(2.0), implementation="xla")
+
+
+# -- the kernel itself, in GPU interpret mode ----------------------------------------------
+INTERPRET_CONFIG = GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", stages=2)
+
+
+def test_interpret_forward_under_vmap_matches_xla():
+  args, _, static = _problem("NN", "bfloat16", bias=True, activation="gelu_exact",
+                             batch_a=(2,), seed="interpret")
+  run = lambda impl, **kw: jax.vmap(lambda a: matmul(a, args["b"], bias=args["bias"],
+                                                     implementation=impl, **kw, **static))(args["a"])
+  assert _rel_err(run("interpret", config=INTERPRET_CONFIG), run("xla")) < 1e-2
+
+
+@needs_transposed_interpret
+@pytest.mark.parametrize("layout,epilogue,batch_a", [
+    ("NN", dict(bias=True, activation="gelu_tanh"), (2,)),
+    ("TT", dict(c=True, alpha=0.5, beta=2.0), ()),
+], ids=["NN_bias_gelu_shared_weight", "TT_alpha_beta_c"])
+def test_interpret_gradients_match_float64_reference(layout, epilogue, batch_a):
+  args, cotangent, static = _problem(layout, "bfloat16", batch_a=batch_a, seed="interpret",
+                                     **epilogue)
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
+                           implementation="interpret")

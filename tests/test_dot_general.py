@@ -1,0 +1,160 @@
+"""`pallas_gemm.dot_general` against `jax.lax.dot_general`: same results, same gradients,
+the kernel wherever the docstring says so (with no transposed copies), lax elsewhere."""
+
+import zlib
+
+import jax
+from jax import lax
+from jax.extend import core as jax_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+from pallas_gemm.dot_general import dot_general, make_dot_general
+
+XLA = make_dot_general(implementation="xla")
+
+# name: (lhs shape, rhs shape, dimension_numbers, kernel layout)
+ON_KERNEL = {
+    "NN_dense": ((2, 5, 24), (24, 16), (((2,), (0,)), ((), ())), "NN"),
+    "NT": ((12, 24), (16, 24), (((1,), (1,)), ((), ())), "NT"),
+    "TN": ((24, 12), (24, 16), (((0,), (0,)), ((), ())), "TN"),
+    "TT": ((24, 12), (16, 24), (((0,), (1,)), ((), ())), "TT"),
+    "attention_scores": ((2, 3, 8, 16), (2, 3, 6, 16), (((3,), (3,)), ((0, 1), (0, 1))), "NT"),
+    "attention_values": ((2, 3, 8, 6), (2, 3, 6, 16), (((3,), (2,)), ((0, 1), (0, 1))), "NN"),
+    "two_contracting_dims": ((6, 4, 8), (4, 8, 10), (((1, 2), (0, 1)), ((), ())), "NN"),
+    "contracting_dims_given_reversed": ((6, 4, 8), (4, 8, 10), (((2, 1), (1, 0)), ((), ())), "NN"),
+    "lhs_contracts_first_free_dims_after": ((8, 3, 5), (8, 10), (((0,), (0,)), ((), ())), "TN"),
+    "vector_matrix": ((24,), (24, 16), (((0,), (0,)), ((), ())), "NN"),
+    "batched_TT": ((3, 24, 12), (3, 16, 24), (((1,), (2,)), ((0,), (0,))), "TT"),
+}
+
+# name: (lhs, rhs, dimension_numbers, dtypes, precision)
+TO_LAX = {
+    "f32_operands": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("float32", "float32"), None),
+    "int8": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("int8", "int8"), None),
+    "mixed_dtypes": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("bfloat16", "float16"), None),
+    "non_leading_batch": ((8, 3, 24), (3, 24, 16), (((2,), (1,)), ((1,), (0,))),
+                          ("bfloat16", "bfloat16"), None),
+    "non_adjacent_contracting": ((4, 6, 8), (4, 8, 10), (((0, 2), (0, 1)), ((), ())),
+                                 ("bfloat16", "bfloat16"), None),
+    "contracting_in_the_middle": ((6, 8, 5), (8, 10), (((1,), (0,)), ((), ())),
+                                  ("bfloat16", "bfloat16"), None),
+    "outer_product": ((6,), (10,), (((), ()), ((), ())), ("bfloat16", "bfloat16"), None),
+    "f32_algorithm": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("bfloat16", "bfloat16"),
+                      lax.DotAlgorithmPreset.F32_F32_F32),
+}
+
+
+def _operands(lhs_shape, rhs_shape, dtypes=("bfloat16", "bfloat16"), seed=""):
+  rng = np.random.default_rng(zlib.crc32(repr((lhs_shape, rhs_shape, dtypes, seed)).encode()))
+  draw = lambda shape, dtype: jnp.asarray(
+      (rng.standard_normal(shape) * 4 if "int" in dtype else rng.standard_normal(shape))
+      .astype(dtype))
+  return draw(lhs_shape, dtypes[0]), draw(rhs_shape, dtypes[1])
+
+
+def _primitives(fn, *args):
+  names = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      names.append(eqn.primitive.name)
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          if isinstance(sub, jax_core.ClosedJaxpr):
+            walk(sub.jaxpr)
+          elif isinstance(sub, jax_core.Jaxpr):
+            walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return names
+
+
+def _rel_err(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("name", list(ON_KERNEL))
+def test_kernel_cases_match_lax_and_take_no_transposed_copy(name):
+  lhs_shape, rhs_shape, dn, _ = ON_KERNEL[name]
+  lhs, rhs = _operands(lhs_shape, rhs_shape)
+  ours = XLA(lhs, rhs, dn, preferred_element_type=jnp.float32)
+  ref = lax.dot_general(lhs, rhs, dn, preferred_element_type=jnp.float32)
+  assert ours.shape == ref.shape and ours.dtype == ref.dtype
+  assert _rel_err(ours, ref) < 1e-6
+  traced = _primitives(lambda x, y: dot_general(x, y, dn), lhs, rhs)  # the GPU default path
+  assert "custom_vjp_call" in traced
+  pallas = make_dot_general(implementation="pallas")
+  kernel = _primitives(lambda x, y: pallas(x, y, dn), lhs, rhs)
+  assert kernel.count("mpmd_map") == 1 and "transpose" not in kernel
+
+
+@pytest.mark.parametrize("name", list(ON_KERNEL))
+def test_gradients_match_lax(name):
+  lhs_shape, rhs_shape, dn, _ = ON_KERNEL[name]
+  lhs, rhs = _operands(lhs_shape, rhs_shape, seed="grad")
+  out_shape = lax.dot_general(lhs, rhs, dn).shape
+  cotangent = jnp.asarray(np.random.default_rng(0).standard_normal(out_shape), jnp.float32)
+  loss = lambda f: lambda x, y: jnp.sum(f(x, y, dn).astype(jnp.float32) * cotangent)
+  ours = jax.jit(jax.grad(loss(XLA), argnums=(0, 1)))(lhs, rhs)
+  with jax.enable_x64(True):
+    as64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
+    ref = jax.jit(jax.grad(loss(lax.dot_general), argnums=(0, 1)))(as64(lhs), as64(rhs))
+  for g, r, x in zip(ours, ref, (lhs, rhs)):
+    assert g.shape == x.shape and g.dtype == x.dtype
+    assert _rel_err(g, r) < 1e-2
+
+
+@pytest.mark.parametrize("name", list(TO_LAX))
+def test_other_cases_fall_back_to_lax(name):
+  lhs_shape, rhs_shape, dn, dtypes, precision = TO_LAX[name]
+  lhs, rhs = _operands(lhs_shape, rhs_shape, dtypes)
+  f = lambda x, y: dot_general(x, y, dn, precision=precision)
+  assert "custom_vjp_call" not in _primitives(f, lhs, rhs)
+  np.testing.assert_array_equal(f(lhs, rhs), lax.dot_general(lhs, rhs, dn, precision=precision))
+
+
+@pytest.mark.parametrize("precision", [None, lax.Precision.HIGHEST, "highest",
+                                       (lax.Precision.DEFAULT, lax.Precision.HIGH),
+                                       lax.DotAlgorithmPreset.BF16_BF16_F32])
+def test_precisions_the_kernel_honours(precision):
+  lhs, rhs = _operands((8, 24), (24, 16))
+  f = lambda x, y: dot_general(x, y, (((1,), (0,)), ((), ())), precision=precision)
+  assert "custom_vjp_call" in _primitives(f, lhs, rhs)
+
+
+@pytest.mark.parametrize("out_dtype", [None, "bfloat16", "float32"])
+def test_preferred_element_type_is_the_output_dtype(out_dtype):
+  lhs, rhs = _operands((8, 24), (24, 16))
+  out = XLA(lhs, rhs, (((1,), (0,)), ((), ())), preferred_element_type=out_dtype)
+  assert out.dtype == lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
+                                      preferred_element_type=out_dtype).dtype
+
+
+def test_einsum_injection():
+  q, k = _operands((2, 3, 8, 16), (2, 3, 6, 16))
+  ours = jnp.einsum("bhtd,bhsd->bhts", q, k, _dot_general=XLA,
+                    preferred_element_type=jnp.float32)
+  ref = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
+  assert _rel_err(ours, ref) < 1e-6
+
+
+def test_signature_is_lax_dot_general_and_out_sharding_is_accepted():
+  import inspect
+  assert (inspect.signature(dot_general).parameters.keys()
+          == inspect.signature(lax.dot_general).parameters.keys())
+  lhs, rhs = _operands((8, 24), (24, 16))
+  out = dot_general(lhs, rhs, (((1,), (0,)), ((), ())), out_sharding=None)
+  assert out.shape == (8, 16)
+
+
+def test_vmap_over_dot_general():
+  lhs, rhs = _operands((4, 8, 24), (24, 16))
+  dn = (((1,), (0,)), ((), ()))
+  ours = jax.vmap(lambda x: XLA(x, rhs, dn, preferred_element_type=jnp.float32))(lhs)
+  ref = jax.vmap(lambda x: lax.dot_general(x, rhs, dn, preferred_element_type=jnp.float32))(lhs)
+  assert _rel_err(ours, ref) < 1e-6
+
