@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import json
 import os
 import statistics
@@ -28,7 +27,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4}
 """H100 SXM dense tensor-core peak (TFLOP/s)."""

@@ -59,7 +59,6 @@ class _Plan:
   epilogue: epilogue_lib.EpilogueSpec
   ab_swizzle: int
   out_swizzle: int
-  num_sms: int
 
   @property
   def k_iters(self) -> int:
@@ -252,15 +251,15 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
         plgpu.barrier_wait(bias_loaded.at[wg])
       for i in range(wm // em):
         for j in range(wn // en):
-          slot = (i * (wn // en) + j) % slots
-          buf = out_smem.at[wg, slot]
+          out_slot = (i * (wn // en) + j) % slots
+          buf = out_smem.at[wg, out_slot]
           rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
           plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
           c_tile = None
           if c_gmem is not None:
             plgpu.copy_gmem_to_smem(
-                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[wg * slots + slot])
-            plgpu.barrier_wait(c_loaded.at[wg * slots + slot])
+                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[wg * slots + out_slot])
+            plgpu.barrier_wait(c_loaded.at[wg * slots + out_slot])
             c_tile = buf[...]
           bias_tile = None
           if bias_smem is not None:
@@ -325,7 +324,7 @@ def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmCo
     raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
-  plan = _Plan(problem, config, epilogue, ab_swizzle, out_swizzle, num_sms)
+  plan = _Plan(problem, config, epilogue, ab_swizzle, out_swizzle)
   out_shape = (problem.m, problem.n)
   if a.ndim == 3 or b.ndim == 3:
     out_shape = (problem.batch, *out_shape)
