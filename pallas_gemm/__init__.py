@@ -7,7 +7,9 @@
 (128, 256)
 """
 
+from pallas_gemm.autotune import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.matmul import matmul
+from pallas_gemm.tuning_cache import lookup_config
 
-__all__ = ["GemmConfig", "GemmProblem", "matmul"]
+__all__ = ["GemmConfig", "GemmProblem", "autotune", "lookup_config", "matmul"]

@@ -27,6 +27,7 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import smem
 from pallas_gemm.config import GemmConfig, GemmProblem, default_config, INPUT_DTYPES, OUTPUT_DTYPES
+from pallas_gemm.autotune import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
 IMPLEMENTATIONS = (None, "pallas", "interpret", "xla")
@@ -36,7 +37,7 @@ INTERPRET_NUM_SMS = 2
 
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
-           implementation: str | None = None):
+           implementation: str | None = None, autotune: bool | None = None):
   """Computes `act(alpha * op(a) @ op(b) + beta * c + bias)` with f32 accumulation.
 
   Args:
@@ -48,9 +49,12 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS).
     alpha, beta: Python numbers (compiled into the kernel).
     out_dtype: bf16, f16 or f32; defaults to `a.dtype`.
-    config: a `GemmConfig`, or None for the heuristic default.
+    config: a `GemmConfig`, or None: the autotuning cache's entry for this
+      problem on this device, else the heuristic default.
     implementation: None (the Pallas kernel on a GPU, XLA elsewhere), "pallas",
       "interpret" (the kernel in GPU interpret mode, on any backend) or "xla".
+    autotune: tune this problem now if the cache has no entry (outside jit
+      only); None defers to the environment variable PALLAS_GEMM_AUTOTUNE=1.
   Returns:
     (..., M, N) array of `out_dtype`.
   """
@@ -71,7 +75,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if implementation == "xla":
     return _xla_matmul(a, b, problem, spec, bias, c)
   return _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config,
-                        interpret=implementation == "interpret")
+                        interpret=implementation == "interpret", autotune=autotune)
 
 
 # -- argument checking --------------------------------------------------------
@@ -199,11 +203,7 @@ def _interpret_config(config, problem):
   return config
 
 
-def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret):
-  if interpret:
-    config = _interpret_config(config, problem)
-  config = config or default_config(problem)
-  config.validate(problem)
+def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune):
   m, n = problem.m, problem.n
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
@@ -219,6 +219,12 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret)
     b = b.reshape(-1, *b.shape[-2:]) if b.ndim > 2 else b
     if c is not None and c.ndim > 2:
       c = c.reshape(-1, *c.shape[-2:])
+  if config is None and not interpret:  # keyed by the problem the kernel runs
+    config = resolve_config(problem, spec.activation, operands=(a, b), tune=autotune)
+  if interpret:
+    config = _interpret_config(config, problem)
+  config = config or default_config(problem)
+  config.validate(problem)
   a, b = _tma_layout(a, b, problem, config, interpret)
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
