@@ -20,26 +20,7 @@ from layouts import (
     slice_and_offset, tiled_divide, tiled_product, upcast, zipped_divide, zipped_product,
 )
 
-
-# -- independent reference -----------------------------------------------------
-
-def leaves(t):
-    return tuple(x for s in t for x in leaves(s)) if isinstance(t, tuple) else (t,)
-
-
-def ref_offsets(shape, stride):
-    """Offset of every flat index 0..size-1: column-major unravel, then dot."""
-    sh, st = leaves(shape), leaves(stride)
-    n = int(np.prod(sh, dtype=np.int64))
-    crd = np.unravel_index(np.arange(n), sh, order="F")
-    out = np.zeros(n, dtype=np.int64)
-    for c, d in zip(crd, st):
-        out += c * d
-    return out
-
-
-def offsets(layout):
-    return ref_offsets(layout.shape, layout.stride)
+from layout_reference import leaves, offsets, ref_offsets
 
 
 def evaluated(layout, n=None):

@@ -22,18 +22,7 @@ from layouts import (  # noqa: E402
 )
 
 
-def leaves(t):
-    return tuple(x for s in t for x in leaves(s)) if isinstance(t, tuple) else (t,)
-
-
-def ref_offsets(L):
-    sh, st = leaves(L.shape), leaves(L.stride)
-    n = int(np.prod(sh))
-    crd = np.unravel_index(np.arange(n), sh, order="F")
-    out = np.zeros(n, dtype=np.int64)
-    for c, d in zip(crd, st):
-        out += c * d
-    return out
+from layout_reference import offsets as ref_offsets  # noqa: E402
 
 
 def ref_swizzle(x, B, M, S):

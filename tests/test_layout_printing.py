@@ -1,11 +1,8 @@
 """CuTe notation: repr, Layout.parse / parse_layout, print_layout / layout_table."""
 
-import itertools
-import os
-
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from layouts import (
@@ -13,13 +10,7 @@ from layouts import (
     parse_layout, print_layout,
 )
 
-settings.register_profile(
-    "layouts", max_examples=40, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-settings.register_profile(
-    "layouts-thorough", max_examples=1000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-PROFILE = settings.get_profile(os.environ.get("LAYOUTS_HYPOTHESIS_PROFILE", "layouts"))
+from layout_reference import PROFILE
 
 
 # -- repr --------------------------------------------------------------------------------

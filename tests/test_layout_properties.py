@@ -10,11 +10,9 @@ Profiles: ``layouts`` (default, fast enough for CI's two cores) and
 """
 
 import math
-import os
 
 import numpy as np
-import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from layouts import (
@@ -24,33 +22,7 @@ from layouts import (
     zipped_divide, flat_divide,
 )
 
-settings.register_profile(
-    "layouts", max_examples=40, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-settings.register_profile(
-    "layouts-thorough", max_examples=1000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-PROFILE = settings.get_profile(os.environ.get("LAYOUTS_HYPOTHESIS_PROFILE", "layouts"))
-
-
-# -- independent reference ---------------------------------------------------------
-
-def leaves(t):
-    return tuple(x for s in t for x in leaves(s)) if isinstance(t, tuple) else (t,)
-
-
-def ref_offsets(shape, stride):
-    sh, st_ = leaves(shape), leaves(stride)
-    n = int(np.prod(sh, dtype=np.int64))
-    crd = np.unravel_index(np.arange(n), sh, order="F")
-    out = np.zeros(n, dtype=np.int64)
-    for c, d in zip(crd, st_):
-        out += c * d
-    return out
-
-
-def offsets(L):
-    return ref_offsets(L.shape, L.stride)
+from layout_reference import PROFILE, leaves, offsets
 
 
 def ev(L, idx):

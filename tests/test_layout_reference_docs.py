@@ -21,23 +21,7 @@ from layouts import (
     zipped_divide,
 )
 
-
-def leaves(t):
-    return tuple(x for s in t for x in leaves(s)) if isinstance(t, tuple) else (t,)
-
-
-def offsets(L):
-    sh, st = leaves(L.shape), leaves(L.stride)
-    n = int(np.prod(sh))
-    crd = np.unravel_index(np.arange(n), sh, order="F")
-    out = np.zeros(n, dtype=np.int64)
-    for c, d in zip(crd, st):
-        out += c * d
-    return out
-
-
-def injective(L):
-    return len(set(offsets(L).tolist())) == size(L)
+from layout_reference import injective, offsets
 
 
 def bijective_onto_range(L):

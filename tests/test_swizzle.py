@@ -7,11 +7,9 @@ CuTe's definition (``Swizzle<B,M,S>``: bits ``[M+S, M+S+B)`` XOR-ed onto
 """
 
 import itertools
-import os
-
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from layouts import (
@@ -19,13 +17,7 @@ from layouts import (
     local_tile, logical_product, make_tensor, size, tiled_divide, upcast, zipped_divide,
 )
 
-settings.register_profile(
-    "layouts", max_examples=40, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-settings.register_profile(
-    "layouts-thorough", max_examples=1000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-PROFILE = settings.get_profile(os.environ.get("LAYOUTS_HYPOTHESIS_PROFILE", "layouts"))
+from layout_reference import PROFILE
 
 
 def ref_swizzle(x, B, M, S):
