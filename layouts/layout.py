@@ -18,6 +18,7 @@ pycute or the CuTe DSL differ, the docstring says so.
 
 from __future__ import annotations
 
+import functools
 from functools import reduce
 
 from .basis import ArithmeticTuple, ScaledBasis, is_basis
@@ -218,6 +219,34 @@ def _index_function(flat: "Layout"):
     return eval(f"lambda i, _d=_d: {body}", {}, {"_d": strides})  # noqa: S307 - ints only
 
 
+def _memoized(fn):
+    """Cache a pure function of hashable layouts and tilers (they are
+    immutable), so repeated tiling math costs a dictionary lookup; calls with
+    unhashable arguments (e.g. traced values) are computed directly."""
+    cached = functools.lru_cache(maxsize=4096)(fn)
+    _CACHES.append(cached)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return cached(*args, **kwargs)
+        except TypeError as err:
+            if "unhashable" not in str(err):
+                raise
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_CACHES = []
+
+
+def clear_caches() -> None:
+    """Forget memoized results (to time the algebra cold)."""
+    for cache in _CACHES:
+        cache.cache_clear()
+
+
 def _plain(value, rank: int = 0):
     """Coordinates leave the algebra as plain tuples (a jax pytree), padded
     with zeros to ``rank`` entries (``(8,2):(1@0,0)`` at 5 gives ``(5,)``,
@@ -291,6 +320,7 @@ def _from_modes(modes) -> Layout:
 
 # -- coalesce and filter ---------------------------------------------------
 
+@_memoized
 def coalesce(layout, profile=None):
     """Merge adjacent modes that act as one (``s0*d0 == d1``), drop size-1 modes.
 
@@ -321,6 +351,7 @@ def coalesce(layout, profile=None):
     return _from_modes(modes)
 
 
+@_memoized
 def filter(layout) -> Layout:  # noqa: A001 - CuTe's name
     """Coalesce after removing stride-0 (broadcast) modes: the distinct
     offsets of ``layout`` as a compact function.
@@ -337,6 +368,7 @@ def filter(layout) -> Layout:  # noqa: A001 - CuTe's name
 
 # -- composition -------------------------------------------------------------
 
+@_memoized
 def composition(lhs, rhs):
     """``lhs ∘ rhs``: the layout ``i -> lhs(rhs(i))``, shaped like ``rhs``.
 
@@ -411,6 +443,7 @@ def _compose_mode(lhs: Layout, s: int, d) -> Layout:
 
 # -- complement and inverses ------------------------------------------------
 
+@_memoized
 def complement(layout, cotarget=None) -> Layout:
     """The layout of the offsets in ``[0, cotarget)`` that ``layout`` misses,
     ordered, so that ``make_layout(layout, complement(layout, n))`` covers
@@ -448,6 +481,7 @@ def complement(layout, cotarget=None) -> Layout:
     return coalesce(_from_modes(result))
 
 
+@_memoized
 def right_inverse(layout) -> Layout:
     """A layout ``R`` with ``layout(R(i)) == i`` for ``i < size(R)``, as large
     as possible (size 1 when ``layout`` has no stride-1 mode).
@@ -472,6 +506,7 @@ def right_inverse(layout) -> Layout:
     return coalesce(_from_modes(result))
 
 
+@_memoized
 def left_inverse(layout) -> Layout:
     """A layout ``L`` with ``L(layout(i)) == i`` for every ``i < size(layout)``.
 
@@ -502,6 +537,7 @@ def _by_mode(fn, layout, tiler):
     return make_layout(*(fn(layout[i], t) for i, t in enumerate(tiler)), *list(layout)[len(tiler):])
 
 
+@_memoized
 def logical_divide(layout, tiler):
     """Split ``layout`` into ``(tile, rest)``: ``layout ∘ (tiler, complement)``.
 
@@ -522,6 +558,7 @@ def logical_divide(layout, tiler):
     return composition(layout, make_layout(tiler, complement(tiler, size(layout))))
 
 
+@_memoized
 def logical_product(layout, tiler):
     """Repeat ``layout`` over ``tiler``: ``(layout, complement(layout) ∘ tiler)``.
 
@@ -558,6 +595,7 @@ def _zipped(op, layout, tiler):
     return make_layout(*_unzip(result, tiler))
 
 
+@_memoized
 def zipped_divide(layout, tiler):
     """``((tile modes...), (rest modes...))``.
 
@@ -617,6 +655,7 @@ def _rank_matched_product(block, tiler, block_first: bool):
     return coalesce(make_layout(*(make_layout(a, b) for a, b in pairs)), (1,) * r)
 
 
+@_memoized
 def blocked_product(block, tiler) -> Layout:
     """Tile ``block`` over ``tiler`` keeping each block contiguous:
     mode ``i`` is ``(block_i, tiler_i)``.
@@ -627,6 +666,7 @@ def blocked_product(block, tiler) -> Layout:
     return _rank_matched_product(block, tiler, block_first=True)
 
 
+@_memoized
 def raked_product(block, tiler) -> Layout:
     """Interleave copies of ``block``: mode ``i`` is ``(tiler_i, block_i)``.
 
