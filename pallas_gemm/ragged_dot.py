@@ -1,0 +1,185 @@
+"""Public grouped GEMM: `ragged_dot` with `jax.lax.ragged_dot`'s semantics.
+
+>>> import jax.numpy as jnp
+>>> lhs = jnp.ones((5, 2), jnp.bfloat16)
+>>> rhs = jnp.stack([jnp.full((2, 3), i + 1.0, jnp.bfloat16) for i in range(2)])
+>>> ragged_dot(lhs, rhs, jnp.array([2, 2]), implementation="xla")[:, 0].tolist()
+[2.0, 2.0, 4.0, 4.0, 0.0]
+
+Rows of `lhs` are consecutive groups; group g uses `rhs[g]`; rows past
+`sum(group_sizes)` are zero; empty groups are allowed; a sum larger than M is
+cut at M (as lax does). `transpose_rhs=True` means rhs is stored (G, N, K)
+(the kernel reads it with TMA and hands WGMMA a transposed SMEM view: no copy).
+
+Differentiable (custom_vjp, kernel path): dlhs is the same kernel with the
+rhs layout flipped (dout @ rhs[g]^T, no transposed copy); drhs is the
+ragged-contracting product lhs[rows_g]^T @ dout[rows_g], computed by XLA's
+`lax.ragged_dot_general` (no Pallas kernel for it yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+from pallas_gemm import smem
+from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
+from pallas_gemm.matmul import (IMPLEMENTATIONS, INTERPRET_NUM_SMS, _pad_last2, _round_up,
+                                _tma_operand_cols, _tma_rows)
+from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, default_ragged_config,
+                                     ragged_gemm)
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
+               transpose_rhs: bool = False, config: RaggedConfig | None = None,
+               implementation: str | None = None):
+  """Grouped matrix product: `out[r] = lhs[r] @ rhs[g(r)]`, f32 accumulation.
+
+  Args:
+    lhs: (M, K); bf16 or f16 for the kernel (any type lax accepts for "xla").
+    rhs: (G, K, N), or (G, N, K) with `transpose_rhs=True`; lhs's dtype.
+    group_sizes: (G,) integer array; group g owns the next `group_sizes[g]`
+      rows. Negative sizes count as 0 in the kernel (lax leaves them undefined).
+    precision: passed to XLA; the kernel always multiplies 16-bit inputs
+      exactly and accumulates in f32, so it ignores it.
+    preferred_element_type: output dtype (bf16, f16 or f32 for the kernel);
+      None means lhs's dtype, as in lax.
+    transpose_rhs: rhs is stored (G, N, K).
+    config: a `RaggedConfig`, or None for `default_ragged_config`.
+    implementation: None (the kernel on a GPU when the dtypes allow it, XLA
+      otherwise), "pallas", "interpret" (the kernel in GPU interpret mode) or "xla".
+  Returns:
+    (M, N) array.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if config is not None and not isinstance(config, RaggedConfig):
+    raise TypeError(f"config must be a RaggedConfig or None, got {type(config).__name__}")
+  lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+  _check(lhs, rhs, group_sizes, transpose_rhs)
+  out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+  kernel_ok = (lhs.dtype == rhs.dtype and lhs.dtype.name in INPUT_DTYPES
+               and out_dtype.name in OUTPUT_DTYPES)
+  if implementation is None:
+    implementation = "pallas" if kernel_ok and _compat.device_sm_count() else "xla"
+  if implementation == "xla":
+    return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
+                           transpose_rhs)
+  if lhs.dtype != rhs.dtype:
+    raise TypeError(f"lhs and rhs must have the same dtype for the kernel, got {lhs.dtype} and {rhs.dtype}")
+  if lhs.dtype.name not in INPUT_DTYPES:
+    raise TypeError(f"lhs must be one of {INPUT_DTYPES} for the kernel, got {lhs.dtype} "
+                    "(use implementation='xla')")
+  if out_dtype.name not in OUTPUT_DTYPES:
+    raise TypeError(f"preferred_element_type must be one of {OUTPUT_DTYPES} for the kernel, got {out_dtype}")
+  return _ragged_dot_vjp(lhs, rhs, group_sizes.astype(jnp.int32), bool(transpose_rhs),
+                         out_dtype.name, config, implementation == "interpret")
+
+
+def _check(lhs, rhs, group_sizes, transpose_rhs):
+  if lhs.ndim != 2:
+    raise ValueError(f"lhs must be 2-D (M, K), got shape {lhs.shape}")
+  if rhs.ndim != 3:
+    raise ValueError(f"rhs must be 3-D ({'(G, N, K)' if transpose_rhs else '(G, K, N)'}), "
+                     f"got shape {rhs.shape}")
+  if group_sizes.ndim != 1 or group_sizes.shape[0] != rhs.shape[0]:
+    raise ValueError(f"group_sizes must have shape (G,) = ({rhs.shape[0]},) (rhs's groups), "
+                     f"got {group_sizes.shape}")
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise TypeError(f"group_sizes must be an integer array, got {group_sizes.dtype}")
+  k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+  if lhs.shape[1] != k_rhs:
+    raise ValueError(f"contracting dims differ: lhs {lhs.shape} has K={lhs.shape[1]}, rhs "
+                     f"{rhs.shape} has K={k_rhs} (transpose_rhs={transpose_rhs})")
+
+
+def _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs):
+  if transpose_rhs:
+    rhs = jnp.swapaxes(rhs, 1, 2)
+  return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision,
+                        preferred_element_type=preferred_element_type)
+
+
+# -- kernel path --------------------------------------------------------------
+def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
+  """Pads lhs/rhs only where TMA cannot read them as they are (as `matmul` does).
+
+  Returns (lhs, rhs, out_rows, out_cols). Interpret mode pads everything to
+  whole tiles (the interpreter drops partially out-of-bounds stores and
+  rejects out-of-bounds loads).
+  """
+  (m, k), n = lhs.shape, rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  if interpret:
+    lhs = _pad_last2(lhs, _round_up(m, tm), _round_up(k, tk))
+    if transpose_rhs:
+      rhs = _pad_last2(rhs, _round_up(n, tn), _round_up(k, tk))
+    else:
+      rhs = _pad_last2(rhs, _round_up(k, tk), _round_up(n, tn))
+    return lhs, rhs, _round_up(m, tm), _round_up(n, tn)
+  dtype = lhs.dtype
+  common = smem.widest_swizzle(dtype, tk, lhs.shape[-1], rhs.shape[-1])
+  if common is not None and common >= 64:
+    lhs_cols, rhs_cols = lhs.shape[-1], rhs.shape[-1]
+  else:
+    lhs_cols, rhs_cols = _tma_operand_cols(lhs.shape[-1], dtype), _tma_operand_cols(rhs.shape[-1], dtype)
+  lhs = _pad_last2(lhs, _tma_rows(m), lhs_cols)
+  rhs = _pad_last2(rhs, _tma_rows(rhs.shape[-2]), rhs_cols)
+  cols = n
+  if smem.widest_swizzle(out_dtype, config.epilogue_tile[1], n) is None:
+    cols = _round_up(n, smem.swizzle_span(out_dtype, 32))
+  return lhs, rhs, _tma_rows(m), cols
+
+
+def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
+  (m, k), g = lhs.shape, rhs.shape[0]
+  n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  problem = RaggedProblem(m=m, n=n, k=k, groups=g, dtype=lhs.dtype.name, out_dtype=out_dtype,
+                          transpose_rhs=transpose_rhs)
+  config = config or default_ragged_config(problem)
+  if interpret and config.num_sms is None:
+    config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)
+  config.validate(problem)
+  lhs_p, rhs_p, rows, cols = _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret)
+  kernel_problem = dataclasses.replace(problem, n=cols, m_out=rows)
+  out = ragged_gemm(lhs_p, rhs_p, group_sizes, problem=kernel_problem, config=config,
+                    interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+  return out[:m, :n]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _ragged_dot_vjp(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
+  return _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret)
+
+
+def _fwd(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
+  out = _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret)
+  return out, (lhs, rhs, group_sizes)
+
+
+def _bwd(transpose_rhs, out_dtype, config, interpret, residuals, dout):
+  """dlhs: the kernel with rhs's layout flipped; drhs: XLA's ragged-contracting dot.
+
+  The forward config is not reused (the backward problems differ); a cotangent
+  wider than the inputs (f32 output) is rounded to the input dtype for dlhs.
+  """
+  lhs, rhs, group_sizes = residuals
+  del out_dtype, config
+  dout_in = dout.astype(rhs.dtype)
+  dlhs = _run_kernel(dout_in, rhs, group_sizes, not transpose_rhs, lhs.dtype.name, None, interpret)
+  dims = lax.RaggedDotDimensionNumbers(
+      dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+      rhs_group_dimensions=[])
+  # (G, N, K) = dout^T lhs per group for a transposed rhs; (G, K, N) = lhs^T dout otherwise.
+  a, b = (dout, lhs) if transpose_rhs else (lhs, dout)
+  drhs = lax.ragged_dot_general(a.astype(rhs.dtype), b.astype(rhs.dtype), group_sizes, dims,
+                                preferred_element_type=jnp.float32).astype(rhs.dtype)
+  return dlhs, drhs, None
+
+
+_ragged_dot_vjp.defvjp(_fwd, _bwd)

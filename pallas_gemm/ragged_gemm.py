@@ -1,0 +1,431 @@
+"""Grouped (ragged) GEMM for Hopper: out[r] = lhs[r] @ rhs[group(r)], one launch.
+
+The rows of `lhs` (M, K) are split into consecutive groups by `group_sizes`
+(G,); group g multiplies `rhs[g]`, stored (K, N), or (N, K) with
+`transpose_rhs`. Rows past `sum(group_sizes)` come out zero.
+
+Kernel (shares its structure and helpers with `hopper_gemm`):
+  - 3 warpgroups: a TMA producer (`setmaxnreg` 40) and two cooperative
+    consumers (64 x tile_n rows each, f32 WGMMA accumulators, one WGMMA group in
+    flight), one SMEM ring that runs on across work items.
+  - Persistent grid, `plgpu.nd_loop` over `max_items x n_tiles` work items in
+    `raster.tile_coords` order. A work item is (group, M tile): every group
+    visits each M tile its rows touch, so an M tile on a group boundary is
+    visited once per group (at most G - 1 extra visits in all), plus the
+    "tail" items that write zeros to rows past sum(group_sizes) without a K
+    loop. Items past the dynamic item count are idle (no loads, no stores).
+    The item list is decoded in the kernel from `group_sizes` (an unrolled
+    scan over G scalars read from GMEM); nothing is precomputed by XLA.
+  - Boundary handling: each consumer warpgroup clips the item's row range
+    [lo, hi) to its own 64 rows. All rows valid: the dense kernel's epilogue
+    (swizzled, double-buffered SMEM slots, TMA stores). No rows valid: no store.
+    Some rows valid: the sub-tile goes to an unswizzled SMEM staging buffer and
+    is stored with a ladder of power-of-two row counts (64, 32, ..., 1), each a
+    TMA store whose box is static (TMA boxes cannot be dynamic), as jax's
+    `ragged_dot_mgpu` does; rows of the other group are never written.
+  - The ring slot of a stage is a running step counter carried through the
+    item loop (items without a K loop consume no stages).
+
+>>> import jax, jax.numpy as jnp
+>>> p = RaggedProblem(m=512, n=256, k=128, groups=3)
+>>> f = lambda a, b, gs: ragged_gemm(a, b, gs, problem=p, config=RaggedConfig(num_sms=2))
+>>> args = (jax.ShapeDtypeStruct((512, 128), jnp.bfloat16),
+...         jax.ShapeDtypeStruct((3, 128, 256), jnp.bfloat16),
+...         jax.ShapeDtypeStruct((3,), jnp.int32))
+>>> jax.export.export(jax.jit(f), platforms=["cuda"])(*args).out_avals
+(ShapedArray(bfloat16[512,256]),)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_gemm import _compat
+from pallas_gemm import raster
+from pallas_gemm import smem
+from pallas_gemm.config import (INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
+                                SMEM_RESERVED_BYTES, tiles)
+from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, DEFAULT_NUM_SMS, MEMORY_REGISTERS
+
+LADDER_MAX_ROWS = 64
+"""Rows of one consumer warpgroup's sub-tile: the largest step of the store ladder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedProblem:
+  """One grouped GEMM launch: out (m_out, n) from lhs (m_out, k) and rhs (groups, k, n).
+
+  `m` is the number of rows that belong to groups at most (`lhs`'s logical
+  rows); `m_out` >= m is the row extent of the arrays (padding in interpret mode).
+  """
+
+  m: int
+  n: int
+  k: int
+  groups: int
+  dtype: str = "bfloat16"
+  out_dtype: str = "bfloat16"
+  transpose_rhs: bool = False
+  m_out: int | None = None
+
+  @property
+  def rows(self) -> int:
+    return self.m_out or self.m
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.m * self.n * self.k
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedConfig:
+  """Tiles and schedule of the grouped GEMM kernel (hashable: a static jit arg).
+
+  Attributes:
+    tile_m, tile_n: output tile of one CTA; the two consumer warpgroups split
+      it along M (tile_m / 2 rows each, which must be 64: the store ladder's span).
+    tile_k: K extent of one pipeline stage.
+    stages: SMEM ring depth.
+    raster, group: work-item order (see `raster.tile_coords`); `group` is the
+      band width in (group, M tile) items.
+    epilogue_tile: (rows, cols) of one epilogue store; rows must be 64. Two
+      swizzled slots per warpgroup plus one unswizzled staging buffer for
+      boundary rows, so (64, 32) is what fits next to 4 stages of 128x256x64.
+    num_sms: persistent grid size; None means the device's SM count.
+  """
+
+  tile_m: int = 128
+  tile_n: int = 256
+  tile_k: int = 64
+  stages: int = 4
+  raster: str = "along_n"
+  group: int = 8
+  epilogue_tile: tuple[int, int] = (64, 32)
+  num_sms: int | None = None
+
+  @property
+  def wg_tile(self) -> tuple[int, int]:
+    return self.tile_m // 2, self.tile_n
+
+  def smem_bytes(self, problem: RaggedProblem) -> int:
+    round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
+    in_bytes = np.dtype(problem.dtype).itemsize
+    out_bytes = np.dtype(problem.out_dtype).itemsize
+    em, en = self.epilogue_tile
+    total = round_up(self.stages * self.tile_m * self.tile_k * in_bytes)
+    total += round_up(self.stages * self.tile_k * self.tile_n * in_bytes)
+    total += round_up(2 * 2 * em * en * out_bytes)  # swizzled slots
+    total += round_up(2 * em * en * out_bytes)      # boundary staging
+    return total + SMEM_RESERVED_BYTES
+
+  def validate(self, problem: RaggedProblem) -> None:
+    """Raises ValueError naming the first field that breaks a limit for `problem`."""
+    def fail(field, msg):
+      raise ValueError(f"RaggedConfig.{field}={getattr(self, field)!r}: {msg}")
+
+    if problem.dtype not in INPUT_DTYPES:
+      raise ValueError(f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}")
+    if problem.out_dtype not in OUTPUT_DTYPES:
+      raise ValueError(f"output dtype {problem.out_dtype} not supported; use one of {OUTPUT_DTYPES}")
+    if self.tile_m != 2 * LADDER_MAX_ROWS:
+      fail("tile_m", "must be 128 (two consumer warpgroups of 64 rows)")
+    if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
+      fail("tile_n", "must be a multiple of 8 and <= 256 (WGMMA N)")
+    span = smem.swizzle_span(problem.dtype, 128)
+    if self.tile_k % span:
+      fail("tile_k", f"must be a multiple of {span} ({problem.dtype}: one 128-byte swizzle span)")
+    if not problem.transpose_rhs and self.tile_n % span:
+      fail("tile_n", f"is the minor dim of the (K, N) rhs tile; must be a multiple of {span}")
+    if self.stages < 2:
+      fail("stages", "must be >= 2")
+    if self.raster not in raster.ORDERS:
+      fail("raster", f"must be one of {raster.ORDERS}")
+    if self.group < 1:
+      fail("group", "must be >= 1")
+    if self.num_sms is not None and self.num_sms < 1:
+      fail("num_sms", "must be >= 1")
+    em, en = self.epilogue_tile
+    out_span = smem.swizzle_span(problem.out_dtype, 32)
+    if em != LADDER_MAX_ROWS or self.tile_n % en or en % out_span:
+      fail("epilogue_tile", f"must be (64, c) with c dividing tile_n and a multiple of {out_span}")
+    need = self.smem_bytes(problem)
+    if need > SMEM_LIMIT_BYTES:
+      fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES} "
+                     "(fewer stages, smaller tiles or a smaller epilogue_tile)")
+
+
+def default_ragged_config(problem: RaggedProblem) -> RaggedConfig:
+  """128x256x64 tiles, as many stages as shared memory allows (4 for 16-bit outputs).
+
+  >>> default_ragged_config(RaggedProblem(m=4096, n=4096, k=4096, groups=8)).stages
+  4
+  >>> default_ragged_config(RaggedProblem(m=4096, n=4096, k=4096, groups=8, out_dtype="float32")).stages
+  3
+  """
+  cfg = RaggedConfig()
+  for stages in (4, 3, 2):
+    candidate = dataclasses.replace(cfg, stages=stages)
+    if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
+      return candidate
+  return dataclasses.replace(cfg, stages=2)
+
+
+def max_items(problem: RaggedProblem, config: RaggedConfig) -> int:
+  """Static bound on (group, M tile) work items: every M tile once, plus one
+  extra visit per group boundary (G - 1 of them, and the tail's)."""
+  return tiles(problem.rows, config.tile_m) + problem.groups
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  problem: RaggedProblem
+  config: RaggedConfig
+  ab_swizzle: int
+  out_swizzle: int
+
+  @property
+  def k_iters(self) -> int:
+    return tiles(self.problem.k, self.config.tile_k)
+
+  @property
+  def n_tiles(self) -> int:
+    return tiles(self.problem.n, self.config.tile_n)
+
+  @property
+  def m_items(self) -> int:
+    return max_items(self.problem, self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+  """What one (group, M tile) work item does. All fields are int32 scalars."""
+
+  group: jax.Array    # rhs group; `groups` for the zero tail
+  m_tile: jax.Array
+  lo: jax.Array       # the item writes output rows [lo, hi) of this M tile
+  hi: jax.Array
+  active: jax.Array   # False: idle item past the end of the list
+  compute: jax.Array  # True: run the K loop (a real group, not the tail)
+
+
+def _decode_item(sizes_gmem, w, p: _Plan) -> _Item:
+  """The w-th work item: groups in order, each over the M tiles its rows touch,
+  then the tail rows [sum(group_sizes), rows). An unrolled scan over the G sizes."""
+  tm, prob = p.config.tile_m, p.problem
+  zero = jnp.int32(0)
+  group = m_tile = lo = hi = zero
+  count = zero       # items before the current group
+  end = zero         # end row of the previous group
+
+  def visit(i, start, stop, count, group, m_tile, lo, hi):
+    first = lax.div(start, tm)
+    span = jnp.where(stop > start, lax.div(stop - 1, tm) - first + 1, 0)
+    hit = (count <= w) & (w < count + span)
+    group = jnp.where(hit, jnp.int32(i), group)
+    m_tile = jnp.where(hit, first + w - count, m_tile)
+    lo = jnp.where(hit, start, lo)
+    hi = jnp.where(hit, stop, hi)
+    return count + span, group, m_tile, lo, hi
+
+  for i in range(prob.groups):
+    size = jnp.maximum(sizes_gmem[i], 0)
+    start = end
+    end = jnp.minimum(start + size, prob.m)
+    count, group, m_tile, lo, hi = visit(i, start, end, count, group, m_tile, lo, hi)
+  count, group, m_tile, lo, hi = visit(
+      prob.groups, end, jnp.int32(prob.rows), count, group, m_tile, lo, hi)
+  active = w < count
+  return _Item(group, m_tile, lo, hi, active, active & (group < prob.groups))
+
+
+def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
+  cfg, prob = p.config, p.problem
+  tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
+  wm, wn = cfg.wg_tile
+  em, en = cfg.epilogue_tile
+  stages, slots = cfg.stages, 2
+  in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
+  ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
+  out_tf = smem.tile_transforms(out_dtype, p.out_swizzle)
+  rhs_block = (tn, tk) if prob.transpose_rhs else (tk, tn)
+  grid = (p.m_items * p.n_tiles,)
+
+  def position(tile_index):
+    w, ni = raster.tile_coords(tile_index, p.m_items, p.n_tiles,
+                               group=cfg.group, order=cfg.raster)
+    return _decode_item(sizes_gmem, w, p), ni
+
+  def scoped(a_smem, b_smem, loaded, consumed, out_smem, stage_smem):
+    wg = lax.axis_index("wg")
+
+    def producer():
+      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
+      def steps(info, carry):
+        item, ni = position(info.index[0])
+
+        @pl.when(item.compute)
+        def _():
+          @pl.loop(0, p.k_iters)
+          def _(k):
+            step = carry + k
+            buf = lax.rem(step, stages)
+
+            @pl.when(step >= stages)
+            def _():
+              plgpu.barrier_wait(consumed.at[buf])
+
+            plgpu.copy_gmem_to_smem(
+                lhs_gmem.at[pl.ds(item.m_tile * tm, tm), pl.ds(k * tk, tk)],
+                a_smem.at[buf], loaded.at[buf])
+            if prob.transpose_rhs:
+              rows, cols = pl.ds(ni * tn, tn), pl.ds(k * tk, tk)
+            else:
+              rows, cols = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
+            plgpu.copy_gmem_to_smem(
+                rhs_gmem.at[item.group, rows, cols], b_smem.at[buf], loaded.at[buf])
+
+        return carry + jnp.where(item.compute, p.k_iters, 0)
+
+      # Every phase of `consumed` is waited on (Pallas tracks phases per thread).
+      @pl.loop(jnp.maximum(steps - stages, 0), steps)
+      def _(step):
+        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+
+    def operands(buf):
+      a_tile = a_smem.at[buf].at[pl.ds(wg * wm, wm), :]
+      b_tile = b_smem.at[buf]
+      if prob.transpose_rhs:
+        b_tile = _compat.transpose_2d(b_tile)
+      return a_tile, b_tile
+
+    def consumer():
+      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+
+      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
+      def _(info, carry):
+        item, ni = position(info.index[0])
+
+        @pl.when(item.active)
+        def _():
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
+          def _(acc):
+            @pl.when(item.compute)
+            def _():
+              @pl.loop(0, p.k_iters)
+              def _(k):
+                buf = lax.rem(carry + k, stages)
+                plgpu.barrier_wait(loaded.at[buf])
+                plgpu.wgmma(acc, *operands(buf))
+                plgpu.wgmma_wait(1)
+
+                @pl.when(k > 0)
+                def _():
+                  plgpu.barrier_arrive(consumed.at[lax.rem(carry + k - 1, stages)])
+
+            result = acc[...]  # zeros for the tail (no WGMMA ran)
+
+            @pl.when(item.compute)
+            def _():
+              plgpu.barrier_arrive(consumed.at[lax.rem(carry + p.k_iters - 1, stages)])
+
+            _epilogue(result, item, ni)
+
+        return carry + jnp.where(item.compute, p.k_iters, 0)
+
+      plgpu.wait_smem_to_gmem(0)
+
+    def _epilogue(result, item, ni):
+      row0 = item.m_tile * tm + wg * wm
+      lo = jnp.clip(item.lo - row0, 0, wm)
+      hi = jnp.clip(item.hi - row0, 0, wm)
+      full = (lo == 0) & (hi == wm)
+      chunks = [(j, result[:, j * en:(j + 1) * en]) for j in range(wn // en)]
+
+      @pl.when(full)
+      def _():
+        for j, y in chunks:
+          buf = out_smem.at[wg, j % slots]
+          plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+          buf[...] = y.astype(out_dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(
+              buf, out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)])
+
+      @pl.when(jnp.logical_not(full) & (hi > lo))
+      def _():
+        stage = stage_smem.at[wg]
+        for j, y in chunks:
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          stage[...] = y.astype(out_dtype)
+          plgpu.commit_smem()
+          cols = pl.ds(ni * tn + j * en, en)
+          start, rows = lo, hi - lo
+          size = LADDER_MAX_ROWS
+          while size >= 1:
+            this = size
+
+            @pl.when((rows & this) != 0)
+            def _():
+              plgpu.copy_smem_to_gmem(
+                  stage.at[pl.ds(start, this)], out_gmem.at[pl.ds(row0 + start, this), cols])
+
+            start = start + (rows & this)
+            size //= 2
+
+    lax.cond(wg == 2, producer, consumer)
+
+  pl.run_scoped(
+      scoped,
+      a_smem=plgpu.SMEM((stages, tm, tk), in_dtype, transforms=ab_tf),
+      b_smem=plgpu.SMEM((stages, *rhs_block), in_dtype, transforms=ab_tf),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
+      stage_smem=plgpu.SMEM((2, em, en), out_dtype),
+      collective_axes="wg",
+  )
+
+
+def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: RaggedConfig,
+                interpret=None):
+  """Runs the kernel on arrays already laid out for TMA (see `ragged_dot` for the API).
+
+  Args:
+    lhs: (problem.rows, K') with K' >= K zero-padded.
+    rhs: (G, K', N') or, with `problem.transpose_rhs`, (G, N', K').
+    group_sizes: (G,) int32.
+    interpret: None on hardware, or GPU interpret-mode params.
+  Returns:
+    (problem.rows, problem.n) array of `problem.out_dtype`.
+  """
+  config.validate(problem)
+  ab_swizzle = smem.widest_swizzle(lhs.dtype, config.tile_k, lhs.shape[-1], rhs.shape[-1])
+  if ab_swizzle is None:
+    raise ValueError(f"lhs {lhs.shape} and rhs {rhs.shape} have no common TMA swizzle; pad their minor dims")
+  en = config.epilogue_tile[1]
+  out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
+  if out_swizzle is None:
+    raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
+  num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
+  plan = _Plan(problem, config, ab_swizzle, out_swizzle)
+  kernel = plgpu.kernel(
+      functools.partial(_kernel, p=plan),
+      out_type=jax.ShapeDtypeStruct((problem.rows, problem.n), jnp.dtype(problem.out_dtype)),
+      grid=(num_sms,),
+      grid_names=("sm",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=_compat.compiler_params(),
+      interpret=interpret,
+  )
+  return kernel(group_sizes.astype(jnp.int32), lhs, rhs)
