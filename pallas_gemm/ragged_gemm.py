@@ -350,12 +350,15 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       hi = jnp.clip(item.hi - row0, 0, wm)
       full = (lo == 0) & (hi == wm)
       chunks = [(j, result[:, j * en:(j + 1) * en]) for j in range(wn // en)]
+      # With an odd number of chunks the next item's first chunk reuses the slot
+      # of this item's last one, so only an even count may keep one store in flight.
+      in_flight = slots - 1 if len(chunks) % slots == 0 else 0
 
       @pl.when(full)
       def _():
         for j, y in chunks:
           buf = out_smem.at[wg, j % slots]
-          plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(

@@ -1,0 +1,275 @@
+"""pallas_gemm.ragged_dot: the grouped GEMM against `jax.lax.ragged_dot`.
+
+Tiers, as for the dense kernel:
+- the work-item schedule decoded in pure JAX (every output row written exactly
+  once, by its own group, within the static item bound);
+- CUDA lowering on the CPU (`jax.export`) for the config matrix, and our own
+  errors for rejected configs and bad arguments;
+- numerics in GPU interpret mode (2 SMs, NaN-poisoned memory, so an unwritten
+  row fails) at odd sizes with random group sizes, empty groups, a tail of
+  rows past sum(group_sizes), one group taking every row, and the custom_vjp.
+  jax 0.10.2's interpreter cannot run WGMMA on a transposed SMEM view, so the
+  transposed-rhs forward and the gradient (whose dlhs flips the rhs layout)
+  are skipped there with that reason;
+- the XLA implementation path.
+"""
+
+import dataclasses
+import faulthandler
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import _compat
+from pallas_gemm.ragged_dot import ragged_dot
+from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _decode_item, _Plan,
+                                     default_ragged_config, max_items)
+
+HANG_TIMEOUT_S = 180
+BOUND = 8e-3  # relative Frobenius error, bf16 output
+
+needs_transposes = pytest.mark.skipif(
+    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views")
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+  faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True)
+  try:
+    yield
+  except BaseException:
+    _compat.reset_interpret_state()
+    raise
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _random(rng, shape, dtype=jnp.bfloat16):
+  return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype)
+
+
+def _random_sizes(rng, groups, m, *, total=None):
+  """`groups` sizes summing to `total` (default m), some of them zero."""
+  total = m if total is None else total
+  cuts = np.sort(rng.integers(0, total + 1, groups - 1))
+  sizes = np.diff(np.concatenate([[0], cuts, [total]]))
+  sizes[rng.integers(0, groups)] = 0  # at least one empty group
+  return jnp.asarray(sizes, jnp.int32)
+
+
+def _reference(lhs, rhs, sizes, transpose_rhs):
+  if transpose_rhs:
+    rhs = jnp.swapaxes(rhs, 1, 2)
+  return lax.ragged_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes,
+                        precision=lax.Precision.HIGHEST)
+
+
+def _check(out, ref):
+  out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+  ref = np.asarray(ref, np.float64)
+  assert out.shape == ref.shape
+  assert not np.isnan(out).any(), f"{np.isnan(out).sum()} output elements never written"
+  zero_rows = ~ref.any(axis=1)
+  assert not out[zero_rows].any(), "rows outside every group must be zero"
+  err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+  assert err <= BOUND, f"relative error {err:.2e} > {BOUND}"
+
+
+# -- the schedule ---------------------------------------------------------------
+@pytest.mark.parametrize("case", [
+    dict(m=1000, sizes=[300, 0, 0, 511, 189]),       # sum == m, empty groups
+    dict(m=1000, sizes=[128, 128, 0, 300]),          # boundaries on tile edges, a tail
+    dict(m=1000, sizes=[1000, 0, 0]),                # one group takes all rows
+    dict(m=1000, sizes=[0, 0, 0]),                   # all empty: only zeros
+    dict(m=1000, sizes=[700, 700, 5]),               # sum > m: cut at m
+    dict(m=130, sizes=[1, 1, 1, 1, 1, 1, 1, 1, 100]),  # many groups in one tile
+    dict(m=300, rows=384, sizes=[10, 250]),          # padded output rows (interpret)
+])
+def test_schedule_writes_every_row_once(case):
+  m, rows, sizes = case["m"], case.get("rows"), np.asarray(case["sizes"], np.int32)
+  problem = RaggedProblem(m=m, n=256, k=64, groups=len(sizes), m_out=rows)
+  config = RaggedConfig()
+  plan = _Plan(problem, config, 128, 64)
+  rows = problem.rows
+  owner = np.full(rows, -2)
+  ends = np.minimum(np.cumsum(sizes), m)
+  group_of_row = np.searchsorted(ends, np.arange(rows), side="right")  # G for the tail
+  decode = jax.jit(jax.vmap(lambda w: dataclasses.astuple(
+      _decode_item(jnp.asarray(sizes), w, plan))))
+  items = [np.asarray(x) for x in decode(jnp.arange(max_items(problem, config)))]
+  for group, m_tile, lo, hi, active, compute in zip(*items):
+    if not active:
+      continue
+    r0 = m_tile * config.tile_m
+    written = np.arange(max(lo, r0), min(hi, r0 + config.tile_m))
+    assert written.size, "an active item writes at least one row"
+    assert compute == (group < len(sizes))
+    assert (owner[written] == -2).all(), "a row written twice"
+    assert (group_of_row[written] == group).all(), "a row written by another group's item"
+    owner[written] = group
+  assert (owner != -2).all(), f"rows never written: {np.flatnonzero(owner == -2)[:10]}"
+
+
+# -- CUDA lowering (jax.export on the CPU) --------------------------------------
+def _export(m, k, n, g, *, dtype="bfloat16", transpose_rhs=False, **kw):
+  rhs_shape = (g, n, k) if transpose_rhs else (g, k, n)
+  args = (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct(rhs_shape, dtype),
+          jax.ShapeDtypeStruct((g,), jnp.int32))
+  fn = jax.jit(lambda a, b, s: ragged_dot(a, b, s, transpose_rhs=transpose_rhs,
+                                          implementation="pallas", **kw))
+  exported = jax.export.export(fn, platforms=["cuda"])(*args)
+  assert "mosaic_gpu" in exported.mlir_module()
+  return exported
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs-KN", "rhs-NK"])
+@pytest.mark.parametrize("case", [
+    dict(),
+    dict(dtype="float16"),
+    dict(preferred_element_type=jnp.float32),
+    dict(config=RaggedConfig(tile_n=128, stages=6)),
+    dict(config=RaggedConfig(stages=3, epilogue_tile=(64, 64), raster="along_m", group=2)),
+], ids=["default", "f16", "f32-out", "tile_n128-6stages", "epi64-along_m"])
+def test_export_configs(transpose_rhs, case):
+  exp = _export(16384, 2048, 16384, 16, transpose_rhs=transpose_rhs, **case)
+  assert exp.out_avals[0].shape == (16384, 16384)
+
+
+@pytest.mark.parametrize("m,k,n,g,transpose_rhs", [
+    (1000, 1000, 1016, 5, False),  # K % 64 != 0 -> 64-byte swizzle, no copy
+    (200, 72, 136, 3, True),       # nothing aligned -> pads
+    (5, 64, 64, 1, False), (1001, 130, 30, 7, True),
+])
+def test_export_odd_shapes(m, k, n, g, transpose_rhs):
+  assert _export(m, k, n, g, transpose_rhs=transpose_rhs).out_avals[0].shape == (m, n)
+
+
+@pytest.mark.parametrize("config,field", [
+    (RaggedConfig(tile_m=64), "tile_m"),
+    (RaggedConfig(tile_n=512), "tile_n"),
+    (RaggedConfig(tile_n=200), "tile_n"),
+    (RaggedConfig(tile_k=48), "tile_k"),
+    (RaggedConfig(stages=1), "stages"),
+    (RaggedConfig(stages=5), "stages"),           # shared memory
+    (RaggedConfig(raster="hilbert"), "raster"),
+    (RaggedConfig(group=0), "group"),
+    (RaggedConfig(num_sms=0), "num_sms"),
+    (RaggedConfig(epilogue_tile=(32, 32)), "epilogue_tile"),
+    (RaggedConfig(epilogue_tile=(64, 24)), "epilogue_tile"),
+])
+def test_rejected_configs(config, field):
+  with pytest.raises(ValueError, match=rf"^RaggedConfig\.{field}="):
+    _export(1024, 1024, 1024, 4, config=config)
+
+
+def test_default_config_fits():
+  for out_dtype in ("bfloat16", "float32"):
+    p = RaggedProblem(m=16384, n=16384, k=2048, groups=16, out_dtype=out_dtype)
+    default_ragged_config(p).validate(p)
+
+
+@pytest.mark.parametrize("kwargs,error,name", [
+    (dict(lhs=jnp.ones((2, 8, 8), jnp.bfloat16)), ValueError, "lhs must be 2-D"),
+    (dict(rhs=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "rhs must be 3-D"),
+    (dict(group_sizes=jnp.array([4, 4, 0], jnp.int32)), ValueError, "group_sizes must have shape"),
+    (dict(group_sizes=jnp.ones((2, 1), jnp.int32)), ValueError, "group_sizes must have shape"),
+    (dict(group_sizes=jnp.array([4.0, 4.0])), TypeError, "group_sizes must be an integer"),
+    (dict(rhs=jnp.ones((2, 9, 8), jnp.bfloat16)), ValueError, "contracting dims"),
+    (dict(rhs=jnp.ones((2, 8, 9), jnp.bfloat16), transpose_rhs=True), ValueError, "contracting dims"),
+    (dict(rhs=jnp.ones((2, 8, 8), jnp.float16)), TypeError, "lhs and rhs"),
+    (dict(lhs=jnp.ones((8, 8)), rhs=jnp.ones((2, 8, 8))), TypeError, "lhs must be one of"),
+    (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
+    (dict(implementation="triton"), ValueError, "implementation"),
+    (dict(config=dict(tile_m=128)), TypeError, "config"),
+])
+def test_bad_arguments(kwargs, error, name):
+  args = dict(lhs=jnp.ones((8, 8), jnp.bfloat16), rhs=jnp.ones((2, 8, 8), jnp.bfloat16),
+              group_sizes=jnp.array([4, 4], jnp.int32), implementation="pallas")
+  args.update(kwargs)
+  with pytest.raises(error, match=name):
+    ragged_dot(args.pop("lhs"), args.pop("rhs"), args.pop("group_sizes"), **args)
+
+
+# -- numerics in GPU interpret mode ---------------------------------------------
+def test_interpret_random_groups():
+  """Odd M/K/N (all padded), 4 groups with an empty one, 23 rows past the sum."""
+  rng = np.random.default_rng(0)
+  m, k, n = 200, 72, 100
+  sizes = _random_sizes(rng, 4, m, total=177)
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (4, k, n))
+  out = ragged_dot(lhs, rhs, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))
+  assert out.dtype == jnp.bfloat16
+  _check(out, _reference(lhs, rhs, sizes, False))
+
+
+def test_interpret_one_group_takes_all_rows():
+  """Many tiny groups inside one tile, then one group with every other row; f32 out."""
+  rng = np.random.default_rng(1)
+  m, k, n = 160, 64, 64
+  sizes = jnp.asarray([0, 3, 0, 157, 0], jnp.int32)
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (5, k, n))
+  out = ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation="interpret",
+                   config=RaggedConfig(tile_n=64, epilogue_tile=(64, 64), stages=2))
+  assert out.dtype == jnp.float32
+  _check(out, _reference(lhs, rhs, sizes, False))
+
+
+@needs_transposes
+def test_interpret_transposed_rhs():
+  rng = np.random.default_rng(2)
+  m, k, n = 300, 128, 136
+  sizes = _random_sizes(rng, 6, m)
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (6, n, k))
+  out = ragged_dot(lhs, rhs, sizes, transpose_rhs=True, implementation="interpret",
+                   config=RaggedConfig(tile_n=128, raster="along_m", group=2))
+  _check(out, _reference(lhs, rhs, sizes, True))
+
+
+@needs_transposes
+def test_interpret_gradient_matches_lax():
+  """custom_vjp: dlhs from the kernel (rhs layout flipped), drhs from XLA's ragged dot."""
+  rng = np.random.default_rng(3)
+  m, k, n = 150, 64, 128
+  sizes = jnp.asarray([40, 0, 90], jnp.int32)  # 20 tail rows: zero dlhs there
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (3, k, n))
+  weights = _random(rng, (m, n), jnp.float32)
+
+  def loss(fn):
+    return lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * weights)
+
+  ours = jax.grad(loss(lambda a, b: ragged_dot(
+      a, b, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))), (0, 1))(lhs, rhs)
+  want = jax.grad(loss(lambda a, b: lax.ragged_dot(
+      a.astype(jnp.float32), b.astype(jnp.float32), sizes)), (0, 1))(lhs, rhs)
+  for got, ref in zip(ours, want):
+    assert got.dtype == jnp.bfloat16
+    got = np.asarray(got.astype(jnp.float32), np.float64).reshape(-1, got.shape[-1])
+    ref = np.asarray(ref, np.float64).reshape(-1, ref.shape[-1])
+    _check(got, ref)
+
+
+# -- the XLA path -----------------------------------------------------------------
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_xla_path_matches_lax(transpose_rhs):
+  rng = np.random.default_rng(4)
+  m, k, n = 77, 40, 24
+  sizes = _random_sizes(rng, 5, m, total=70)
+  lhs = _random(rng, (m, k))
+  rhs = _random(rng, (5, n, k) if transpose_rhs else (5, k, n))
+  out = ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs, implementation="xla",
+                   preferred_element_type=jnp.float32)
+  _check(out, _reference(lhs, rhs, sizes, transpose_rhs))
+  # No GPU here: implementation=None takes the XLA path too.
+  assert jnp.array_equal(out, ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs,
+                                         preferred_element_type=jnp.float32))
+
+
+def test_xla_path_accepts_f32_and_other_int_sizes():
+  rng = np.random.default_rng(5)
+  lhs, rhs = _random(rng, (10, 8), jnp.float32), _random(rng, (2, 8, 3), jnp.float32)
+  out = ragged_dot(lhs, rhs, np.array([4, 6], np.int64), implementation="xla")
+  _check(out, _reference(lhs, rhs, jnp.array([4, 6], jnp.int32), False))
