@@ -53,6 +53,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     config: a `RaggedConfig`, or None for `default_ragged_config`.
     implementation: None (the kernel on a GPU when the dtypes allow it, XLA
       otherwise), "pallas", "interpret" (the kernel in GPU interpret mode) or "xla".
+      Empty arrays (M, N, K or G zero) always take the XLA path.
   Returns:
     (M, N) array.
   """
@@ -67,7 +68,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                and out_dtype.name in OUTPUT_DTYPES)
   if implementation is None:
     implementation = "pallas" if kernel_ok and _compat.device_sm_count() else "xla"
-  if implementation == "xla":
+  if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
     return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
                            transpose_rhs)
   if lhs.dtype != rhs.dtype:

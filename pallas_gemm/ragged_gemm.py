@@ -14,8 +14,8 @@ Kernel (shares its structure and helpers with `hopper_gemm`):
     visited once per group (at most G - 1 extra visits in all), plus the
     "tail" items that write zeros to rows past sum(group_sizes) without a K
     loop. Items past the dynamic item count are idle (no loads, no stores).
-    The item list is decoded in the kernel from `group_sizes` (an unrolled
-    scan over G scalars read from GMEM); nothing is precomputed by XLA.
+    The item list is decoded in the kernel from `group_sizes` (a scan over
+    the G sizes, scalars read from GMEM); nothing is precomputed by XLA.
   - Boundary handling: each consumer warpgroup clips the item's row range
     [lo, hi) to its own 64 rows. All rows valid: the dense kernel's epilogue
     (swizzled, double-buffered SMEM slots, TMA stores). No rows valid: no store.
@@ -54,6 +54,9 @@ from pallas_gemm import smem
 from pallas_gemm.config import (INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
                                 SMEM_RESERVED_BYTES, tiles)
 from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, DEFAULT_NUM_SMS, MEMORY_REGISTERS
+
+UNROLL_GROUPS = 32
+"""Up to this many groups the in-kernel item decoder is unrolled."""
 
 LADDER_MAX_ROWS = 64
 """Rows of one consumer warpgroup's sub-tile: the largest step of the store ladder."""
@@ -218,30 +221,36 @@ class _Item:
 
 def _decode_item(sizes_gmem, w, p: _Plan) -> _Item:
   """The w-th work item: groups in order, each over the M tiles its rows touch,
-  then the tail rows [sum(group_sizes), rows). An unrolled scan over the G sizes."""
+  then the tail rows [sum(group_sizes), rows). A scan over the G sizes, O(G)
+  scalar work per item: unrolled up to UNROLL_GROUPS (the G loads issue
+  together), a loop beyond (code size stays flat)."""
   tm, prob = p.config.tile_m, p.problem
-  zero = jnp.int32(0)
-  group = m_tile = lo = hi = zero
-  count = zero       # items before the current group
-  end = zero         # end row of the previous group
 
   def visit(i, start, stop, count, group, m_tile, lo, hi):
     first = lax.div(start, tm)
     span = jnp.where(stop > start, lax.div(stop - 1, tm) - first + 1, 0)
     hit = (count <= w) & (w < count + span)
-    group = jnp.where(hit, jnp.int32(i), group)
+    group = jnp.where(hit, i, group)
     m_tile = jnp.where(hit, first + w - count, m_tile)
     lo = jnp.where(hit, start, lo)
     hi = jnp.where(hit, stop, hi)
     return count + span, group, m_tile, lo, hi
 
-  for i in range(prob.groups):
-    size = jnp.maximum(sizes_gmem[i], 0)
+  def body(i, carry):
+    end, count, group, m_tile, lo, hi = carry
     start = end
-    end = jnp.minimum(start + size, prob.m)
-    count, group, m_tile, lo, hi = visit(i, start, end, count, group, m_tile, lo, hi)
+    end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
+    return (end, *visit(i, start, end, count, group, m_tile, lo, hi))
+
+  carry = (jnp.int32(0),) * 6
+  if prob.groups <= UNROLL_GROUPS:  # independent loads, issued together
+    for i in range(prob.groups):
+      carry = body(jnp.int32(i), carry)
+  else:
+    carry = lax.fori_loop(0, prob.groups, body, carry)
+  end, count, group, m_tile, lo, hi = carry
   count, group, m_tile, lo, hi = visit(
-      prob.groups, end, jnp.int32(prob.rows), count, group, m_tile, lo, hi)
+      jnp.int32(prob.groups), end, jnp.int32(prob.rows), count, group, m_tile, lo, hi)
   active = w < count
   return _Item(group, m_tile, lo, hi, active, active & (group < prob.groups))
 

@@ -88,6 +88,7 @@ def _check(out, ref):
     dict(m=1000, sizes=[700, 700, 5]),               # sum > m: cut at m
     dict(m=130, sizes=[1, 1, 1, 1, 1, 1, 1, 1, 100]),  # many groups in one tile
     dict(m=300, rows=384, sizes=[10, 250]),          # padded output rows (interpret)
+    dict(m=2000, sizes=[0, 7, 100, 1, 0] * 8),       # 40 groups: the decoder's loop form
 ])
 def test_schedule_writes_every_row_once(case):
   m, rows, sizes = case["m"], case.get("rows"), np.asarray(case["sizes"], np.int32)
@@ -164,6 +165,17 @@ def test_export_odd_shapes(m, k, n, g, transpose_rhs):
 def test_rejected_configs(config, field):
   with pytest.raises(ValueError, match=rf"^RaggedConfig\.{field}="):
     _export(1024, 1024, 1024, 4, config=config)
+
+
+def test_export_many_groups():
+  """Past UNROLL_GROUPS the decoder is a loop in the kernel."""
+  _export(4096, 512, 1024, 64)
+
+
+def test_empty_arrays_take_the_xla_path():
+  lhs, rhs = jnp.ones((4, 0), jnp.bfloat16), jnp.ones((2, 0, 8), jnp.bfloat16)
+  out = ragged_dot(lhs, rhs, jnp.array([1, 2], jnp.int32), implementation="pallas")
+  assert out.shape == (4, 8) and not out.any()
 
 
 def test_default_config_fits():
