@@ -30,11 +30,25 @@ import numpy as np
 from benchmarks import matmul as harness
 from pallas_gemm import GemmConfig, matmul
 
-BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4}
-"""Relative-error bounds by output dtype (bf16 rounding alone gives ~2e-3)."""
+BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4,
+          "float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
+"""Relative-error bounds by output dtype (bf16 rounding alone gives ~2e-3; fp8
+rounding ~2^-4 for e4m3, ~2^-3 for e5m2)."""
+
+TF32_BOUND = 3e-3
+"""f32 operands are multiplied in tf32 (10-bit mantissa): ~5e-4 relative per product."""
+
+FP8_ACC_BOUND = 5e-3
+"""fp8 WGMMA on Hopper accumulates with reduced precision inside the tensor core
+(not a full f32 sum); measured 2.0e-3 at K=8192 with f32 outputs, XLA's fp8 dot
+is compared on the same inputs in each fp8 check (`xla_rel_err`)."""
 
 
-def bound(out_dtype: str) -> float:
+def bound(out_dtype: str, in_dtype: str = "bfloat16") -> float:
+  if in_dtype == "float32":
+    return max(TF32_BOUND, BOUNDS[out_dtype])
+  if in_dtype.startswith("float8"):
+    return max(FP8_ACC_BOUND, BOUNDS[out_dtype])
   return BOUNDS[out_dtype]
 
 
@@ -46,6 +60,7 @@ class Check:
   kwargs: dict = dataclasses.field(default_factory=dict, hash=False)
   dtype: str = "bfloat16"
   c_shape: tuple | None = None
+  b_dtype: str | None = None
 
 
 def checks() -> list[Check]:
@@ -100,6 +115,47 @@ def checks() -> list[Check]:
       Check("NN batch2 f16 c(2D) 512x768x640", (2, 512, 640), (2, 640, 768),
             dict(beta=1.0), dtype="float16", c_shape=(512, 768)),
   ]
+  # fp8 and tf32 operands: K-major (NT) natively, other layouts through an XLA transpose.
+  for dtype in ("float8_e4m3fn", "float8_e5m2", "float32"):
+    checks += [
+        Check(f"NT {dtype} 1000x1016x1024", (1000, 1024), (1016, 1024),
+              dict(transpose_b=True), dtype=dtype),
+        Check(f"NN {dtype} 1000x1016x1000", (1000, 1000), (1000, 1016), dtype=dtype),
+        Check(f"TT {dtype} 520x1000x1056", (1056, 520), (1000, 1056),
+              dict(transpose_a=True, transpose_b=True), dtype=dtype),
+    ]
+  checks += [
+      Check("NT e4m3xe5m2 1000x1016x1024", (1000, 1024), (1016, 1024), dict(transpose_b=True),
+            dtype="float8_e4m3fn", b_dtype="float8_e5m2"),
+      Check("NT e4m3 out e4m3 scale0.25 1000x1016x1024", (1000, 1024), (1016, 1024),
+            dict(transpose_b=True, out_dtype="float8_e4m3fn", out_scale=0.25), dtype="float8_e4m3fn"),
+      Check("NT e4m3 out e5m2 bias+relu 1000x1016x1024", (1000, 1024), (1016, 1024),
+            dict(transpose_b=True, out_dtype="float8_e5m2", bias=True, activation="relu",
+                 out_scale=4.0), dtype="float8_e4m3fn"),
+      Check("NN bf16 out e4m3 scale 1000x1016x1000", (1000, 1000), (1000, 1016),
+            dict(out_dtype="float8_e4m3fn", out_scale=0.5)),
+      Check("NT e4m3 f32 out 8192x8192x8192", (8192, 8192), (8192, 8192),
+            dict(transpose_b=True, out_dtype="float32"), dtype="float8_e4m3fn"),
+      Check("NT e4m3 8192x8192x8192", (8192, 8192), (8192, 8192),
+            dict(transpose_b=True), dtype="float8_e4m3fn"),
+      Check("NT f32 4096x8192x4096", (4096, 4096), (8192, 4096),
+            dict(transpose_b=True), dtype="float32"),
+      # Epilogue extras: row bias, residual after the activation, clamp.
+      Check("NN rowbias+bias+gelu+residual+clamp 1000x1016x1000", (1000, 1000), (1000, 1016),
+            dict(bias=True, row_bias=True, residual="bfloat16", activation="gelu_tanh",
+                 clamp=(-0.5, 2.0))),
+      Check("TT f32 out c+rowbias+residual(f32)+clamp 520x1000x1056", (1056, 520), (1000, 1056),
+            dict(transpose_a=True, transpose_b=True, out_dtype="float32", alpha=0.5, beta=2.0,
+                 row_bias=True, residual="float32", clamp=(None, 1.5)), c_shape=(520, 1000)),
+      Check("NN batch3 pingpong rowbias+residual 300x264x200", (3, 300, 200), (3, 200, 264),
+            dict(row_bias=True, residual="bfloat16", clamp=(-1.0, None),
+                 config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4))),
+      Check("NN a-batched cluster21 rowbias+residual 2x3x100x200x64", (2, 3, 100, 64), (64, 200),
+            dict(row_bias=True, residual="float32", config=GemmConfig(cluster=(2, 1), stages=2))),
+      Check("NT e4m3 rowbias+residual+silu+clamp 1000x1016x1024", (1000, 1024), (1016, 1024),
+            dict(transpose_b=True, row_bias=True, residual="bfloat16", activation="silu",
+                 clamp=(-3.0, 3.0)), dtype="float8_e4m3fn"),
+  ]
   return checks
 
 
@@ -109,7 +165,7 @@ def _poison(nbytes: int):
   del buf
 
 
-def _reference(a, b, check: Check, bias, c):
+def _reference(a, b, check: Check, bias, c, row_bias=None, residual=None):
   kw = check.kwargs
   flops = 2 * np.prod(a.shape[:-2] or (1,)) * a.shape[-1] * a.shape[-2] * (
       b.shape[-2] if kw.get("transpose_b") else b.shape[-1])
@@ -121,7 +177,8 @@ def _reference(a, b, check: Check, bias, c):
         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32))
     acc = np.asarray(f(a.astype(jnp.float32), b.astype(jnp.float32)), np.float64)
   else:
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a64 = np.asarray(a.astype(jnp.float32), np.float64)
+    b64 = np.asarray(b.astype(jnp.float32), np.float64)
     a64 = np.swapaxes(a64, -1, -2) if kw.get("transpose_a") else a64
     b64 = np.swapaxes(b64, -1, -2) if kw.get("transpose_b") else b64
     acc = np.matmul(a64, b64)
@@ -130,6 +187,8 @@ def _reference(a, b, check: Check, bias, c):
     y = y + beta * np.asarray(c, np.float64)
   if bias is not None:
     y = y + np.asarray(bias, np.float64)
+  if row_bias is not None:
+    y = y + np.asarray(row_bias, np.float64)[:, None]
   act = kw.get("activation")
   if act == "relu":
     y = np.maximum(y, 0)
@@ -142,35 +201,63 @@ def _reference(a, b, check: Check, bias, c):
     y = y / (1 + np.exp(-y))
   elif act == "sigmoid":
     y = 1 / (1 + np.exp(-y))
+  if residual is not None:
+    y = y + np.asarray(residual.astype(jnp.float32), np.float64)
+  lo, hi = kw.get("clamp") or (None, None)
+  y = y if lo is None else np.maximum(y, lo)
+  y = y if hi is None else np.minimum(y, hi)
+  out_dtype = kw.get("out_dtype") or ("bfloat16" if check.dtype.startswith("float8") else check.dtype)
+  if out_dtype.startswith("float8"):
+    fp8_max = float(jnp.finfo(out_dtype).max)
+    y = np.clip(y * kw.get("out_scale", 1.0), -fp8_max, fp8_max)
   return y
 
 
 def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
-  keys = jax.random.split(jax.random.key(seed), 4)
+  keys = jax.random.split(jax.random.key(seed), 6)
   a = jax.random.normal(keys[0], check.a_shape, jnp.float32).astype(check.dtype)
-  b = jax.random.normal(keys[1], check.b_shape, jnp.float32).astype(check.dtype)
+  b = jax.random.normal(keys[1], check.b_shape, jnp.float32).astype(check.b_dtype or check.dtype)
   kw = dict(check.kwargs)
-  out_dtype = kw.get("out_dtype", check.dtype)
+  out_dtype = kw.get("out_dtype") or (
+      "bfloat16" if check.dtype.startswith("float8") else check.dtype)
   n = check.b_shape[-2] if kw.get("transpose_b") else check.b_shape[-1]
+  m = check.a_shape[-1] if kw.get("transpose_a") else check.a_shape[-2]
+  lead = check.a_shape[:-2] or check.b_shape[:-2]
   bias = jax.random.normal(keys[2], (n,), jnp.float32) if kw.pop("bias", False) else None
   c = (jax.random.normal(keys[3], check.c_shape, jnp.float32).astype(out_dtype)
        if check.c_shape else None)
-  fn = jax.jit(lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="pallas", **kw))
+  row_bias = jax.random.normal(keys[4], (m,), jnp.float32) if kw.pop("row_bias", False) else None
+  res_dtype = kw.pop("residual", None)
+  residual = (jax.random.normal(keys[5], (*lead, m, n), jnp.float32).astype(res_dtype)
+              if res_dtype else None)
+  fn = jax.jit(lambda a, b, bias, c, rb, res: matmul(
+      a, b, bias=bias, c=c, row_bias=rb, residual=res, implementation="pallas", **kw))
+  args = (a, b, bias, c, row_bias, residual)
   if export_only:  # CPU dry run: lower for CUDA, run nothing
-    jax.export.export(fn, platforms=["cuda"])(a, b, bias, c)
+    jax.export.export(fn, platforms=["cuda"])(*args)
     return dict(name=check.name, ok=True, exported=True)
   t0 = time.time()
-  fn.lower(a, b, bias, c).compile()
+  fn.lower(*args).compile()
   compile_s = time.time() - t0
-  m = check.a_shape[-1] if kw.get("transpose_a") else check.a_shape[-2]
-  _poison(4 * m * n * int(np.prod(check.a_shape[:-2] or (1,))) + (1 << 20))
-  out = np.asarray(fn(a, b, bias, c).astype(jnp.float32), np.float64)
-  ref = _reference(a, b, check, bias, c)
+  _poison(4 * m * n * int(np.prod(lead or (1,))) + (1 << 20))
+  out = np.asarray(fn(*args).astype(jnp.float32), np.float64)
+  ref = _reference(a, b, dataclasses.replace(check, kwargs=dict(check.kwargs)), bias, c,
+                   row_bias, residual)
   nan = int(np.isnan(out).sum())
   err = float(np.linalg.norm(np.nan_to_num(out - ref, nan=1e30)) / max(np.linalg.norm(ref), 1e-30))
-  ok = nan == 0 and err <= bound(out_dtype) and out.shape == ref.shape
-  return dict(name=check.name, ok=bool(ok), rel_err=err, nan=nan, shape=list(out.shape),
-              compile_s=round(compile_s, 2), bound=bound(out_dtype))
+  limit = bound(out_dtype, check.dtype)
+  ok = nan == 0 and err <= limit and out.shape == ref.shape
+  result = dict(name=check.name, ok=bool(ok), rel_err=err, nan=nan, shape=list(out.shape),
+                compile_s=round(compile_s, 2), bound=limit)
+  if check.dtype.startswith("float8") and check.b_dtype is None and not kw.get("residual") and (
+      out_dtype == "float32" and len(check.a_shape) == 2):  # XLA's fp8 dot, same inputs
+    ta, tb = kw.get("transpose_a", False), kw.get("transpose_b", False)
+    xla = jax.jit(lambda a, b: jax.lax.dot_general(
+        a, b, (((0 if ta else 1,), (1 if tb else 0,)), ((), ())),
+        preferred_element_type=jnp.float32))(a, b)
+    xla = np.asarray(xla, np.float64)
+    result["xla_rel_err"] = float(np.linalg.norm(xla - ref) / np.linalg.norm(ref))
+  return result
 
 
 def correctness(log, export_only=False, only=None) -> list[dict]:
@@ -200,8 +287,8 @@ SWEEP = {
     "C7 along_m g8": GemmConfig(raster="along_m"),
     "C8 256x128 coop-m": GemmConfig(tile_m=256, tile_n=128),
     "C9 cluster21 group16": GemmConfig(cluster=(2, 1), group=16),
-    "C12 pingpong s5 whole-epi cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128,
-                                                      stages=5, epilogue_tile=None, cluster=(2, 1)),
+    "C12 pingpong s4 whole-epi cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128,
+                                                      stages=4, epilogue_tile=None, cluster=(2, 1)),
     "C13 pingpong cluster12": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6,
                                          cluster=(1, 2)),
     "C10 cluster21 s3 whole-epi": GemmConfig(cluster=(2, 1), stages=3, epilogue_tile=None),
@@ -232,6 +319,64 @@ def timing(log, quick: bool, sweep_names=None) -> list[dict]:
   return harness.run_cases(cases, contenders, rounds=3, iterations=10, log=log)
 
 
+def timing_dtypes(log) -> list[dict]:
+  """fp8 and tf32: our kernel (K-major operands, and NN with its XLA transpose of B)
+  against XLA's own fp8 / tf32 GEMM on the same stored operands."""
+  cases = [harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NT"),
+           harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NN"),
+           harness.Case(4096, 8192, 4096, "float8_e4m3fn", "NT"),
+           harness.Case(4096, 8192, 4096, "float32", "NT"),
+           harness.Case(4096, 8192, 4096, "float32", "NN")]
+
+  def contenders(case):
+    return {"pallas_gemm": harness.pallas_fn(case), "xla": harness.xla_fn(case)}
+
+  return harness.run_cases(cases, contenders, rounds=3, iterations=10, log=log)
+
+
+EXPERIMENTS = {
+    # name: (config, extra compiler params); each is timed in every round (no family pruning).
+    "exp-noautobar": (None, dict(unsafe_no_auto_barriers=True)),
+    "exp-tk128-s2": (GemmConfig(cluster=(2, 1), tile_k=128, stages=2), {}),
+    "exp-group4": (GemmConfig(cluster=(2, 1), group=4), {}),
+    "exp-group2": (GemmConfig(cluster=(2, 1), group=2), {}),
+}
+"""Performance experiments of NOTES.md (issue 4), timed next to the default, XLA and jax."""
+
+
+def _with_compiler_params(fn, params):
+  """Runs `fn` with extra compiler params in force while it is traced."""
+  from pallas_gemm import hopper_gemm
+
+  def wrapped(*args):
+    saved = dict(hopper_gemm.EXPERIMENT_COMPILER_PARAMS)
+    hopper_gemm.EXPERIMENT_COMPILER_PARAMS.update(params)
+    try:
+      return fn(*args)
+    finally:
+      hopper_gemm.EXPERIMENT_COMPILER_PARAMS.clear()
+      hopper_gemm.EXPERIMENT_COMPILER_PARAMS.update(saved)
+  return wrapped
+
+
+def timing_experiments(log, names=None) -> list[dict]:
+  cases = [harness.Case(m, n, k) for m, n, k in
+           ((4096, 8192, 4096), (8192, 8192, 8192), (4096, 4096, 4096))]
+
+  def contenders(case):
+    fns = {"pallas_gemm": harness.pallas_fn(case)}
+    for name, (cfg, params) in EXPERIMENTS.items():
+      if names and name not in names:
+        continue
+      fn = harness.pallas_fn(case, cfg)
+      fns[name] = _with_compiler_params(fn, params) if params else fn
+    fns["xla"] = harness.xla_fn(case)
+    fns.update(harness.jax_mgpu_fns(case))
+    return fns
+
+  return harness.run_cases(cases, contenders, rounds=3, iterations=10, log=log)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--skip-correctness", action="store_true")
@@ -239,6 +384,9 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true", help="timing at 4096x8192x4096 only")
   parser.add_argument("--sweep", default=None, help="comma list of sweep ids (C0,C1,..)")
   parser.add_argument("--only", default=None, help="comma list: run correctness cases whose name contains one")
+  parser.add_argument("--dtypes", action="store_true", help="time fp8/tf32 against XLA")
+  parser.add_argument("--experiments", default=None,
+                      help="comma list of EXPERIMENTS names, or 'all'")
   parser.add_argument("--export-only", action="store_true",
                       help="CPU dry run: lower every correctness case for CUDA, time nothing")
   args = parser.parse_args(argv)
@@ -256,6 +404,11 @@ def main(argv=None):
   results = dict(environment=env)
   if not args.skip_correctness:
     results["correctness"] = correctness(log, args.export_only, args.only and args.only.split(","))
+  if args.dtypes:
+    results["timing_dtypes"] = timing_dtypes(log)
+  if args.experiments:
+    names = None if args.experiments == "all" else args.experiments.split(",")
+    results["timing_experiments"] = timing_experiments(log, names)
   if not args.skip_timing:
     results["timing"] = timing(log, args.quick, args.sweep and args.sweep.split(","))
   with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -264,8 +417,13 @@ def main(argv=None):
     bad = [r["name"] for r in results["correctness"] if not r["ok"]]
     log(f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} passed"
         + (f"; FAILED: {bad}" if bad else ""))
+  log(f"{env['device']}, jax {env['jax']}, {env['method']}")
+  if "timing_dtypes" in results:
+    log(harness.format_table(results["timing_dtypes"]))
+  if "timing_experiments" in results:
+    log(harness.format_table(results["timing_experiments"],
+                             ours=("pallas_gemm", *EXPERIMENTS)))
   if "timing" in results:
-    log(f"{env['device']}, jax {env['jax']}, {env['method']}")
     log(harness.format_table(results["timing"]))
   return 0
 

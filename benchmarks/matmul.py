@@ -28,8 +28,11 @@ import sys
 import jax
 import jax.numpy as jnp
 
-PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4}
-"""H100 SXM dense tensor-core peak (TFLOP/s)."""
+PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
+               "float8_e5m2": 1978.9, "float32": 494.7}
+"""H100 SXM dense tensor-core peak (TFLOP/s); float32 runs as tf32."""
+
+K_MAJOR_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float32")
 
 EPILOGUES = (None, "bias_gelu")
 
@@ -86,7 +89,17 @@ def _op(x, transpose):
 
 
 def xla_fn(case: Case):
-  """`jnp.dot` in the operand dtype (what a user writes); XLA fuses the transposes."""
+  """`jnp.dot` in the operand dtype (what a user writes); XLA fuses the transposes.
+
+  fp8: `lax.dot_general` of the stored operands contracting K with
+  `preferred_element_type=bfloat16` (cuBLASLt's fp8 GEMM when B is (N, K)).
+  f32: `jnp.matmul` at default precision (tf32 on Hopper).
+  """
+  if case.dtype.startswith("float8"):
+    ca, cb = (0 if case.transpose_a else 1), (1 if case.transpose_b else 0)
+    return jax.jit(lambda a, b, bias: jax.lax.dot_general(
+        a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.bfloat16))
+
   def f(a, b, bias):
     if case.epilogue == "bias_gelu":
       acc = jnp.matmul(_op(a, case.transpose_a), _op(b, case.transpose_b),
@@ -118,7 +131,7 @@ JAX_MGPU_CONFIGS = (
 
 def jax_mgpu_fns(case: Case):
   """jax's hopper_matmul_mgpu, one callable per config it accepts (NN, no epilogue only)."""
-  if case.layout != "NN" or case.epilogue or case.batch > 1:
+  if case.layout != "NN" or case.epilogue or case.batch > 1 or case.dtype != "bfloat16":
     return {}
   from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
 

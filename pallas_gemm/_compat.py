@@ -35,11 +35,12 @@ def transpose_2d(ref):
   return plgpu.transpose_ref(ref, (1, 0))
 
 
-def compiler_params(*, approx_math: bool = False) -> plgpu.CompilerParams:
+def compiler_params(*, approx_math: bool = False, **extra) -> plgpu.CompilerParams:
   """Warpgroup lowering, spelled out: the default changed from Lane to Warpgroup in 0.11."""
   return plgpu.CompilerParams(
       approx_math=approx_math,
       lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+      **extra,
   )
 
 
@@ -73,3 +74,8 @@ def device_sm_count() -> int | None:
   if device.platform != "gpu":
     return None
   return int(device.core_count)
+
+
+# Mixed e4m3 x e5m2 WGMMA operands: the verifier accepts them from jaxlib 0.11
+# (jax-ml/jax#38859); 0.10.2 requires equal operand dtypes.
+SUPPORTS_MIXED_FP8 = JAX_VERSION >= (0, 11, 0)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 
 from pallas_gemm import smem
 
@@ -30,7 +29,17 @@ SCHEDULES = ("cooperative", "pingpong")
 WG_SPLITS = ("m", "n")
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
 INPUT_DTYPES = ("bfloat16", "float16")
+"""16-bit operand dtypes: any layout (WGMMA reads them K- or MN-major)."""
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+K_MAJOR_DTYPES = (*FP8_DTYPES, "float32")
+"""Operand dtypes WGMMA reads K-major only: A stored (M, K), B stored (N, K).
+float32 operands are multiplied in tf32 (10-bit mantissa), accumulated in f32."""
+KERNEL_INPUT_DTYPES = (*INPUT_DTYPES, *K_MAJOR_DTYPES)
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
+"""Output dtypes without a scale (fp8 outputs are in FP8_DTYPES, with `out_scale`)."""
+KERNEL_OUTPUT_DTYPES = (*OUTPUT_DTYPES, *FP8_DTYPES)
+ADDEND_DTYPES = ("bfloat16", "float16", "float32")
+"""dtypes of a residual tile the epilogue reads (it keeps its own dtype in SMEM)."""
 MAX_ACC_ELEMENTS_PER_WG = 128 * 128
 """f32 accumulator elements per warpgroup: 128 registers per thread, of ~232."""
 
@@ -49,6 +58,15 @@ class GemmProblem:
   transpose_b: bool = False
   has_bias: bool = False
   has_c: bool = False
+  b_dtype: str | None = None
+  """B's dtype when it differs from A's (mixed e4m3 x e5m2 only); None: `dtype`."""
+  has_row_bias: bool = False
+  residual_dtype: str | None = None
+  """dtype of the residual added after the activation; None: no residual."""
+
+  @property
+  def dtype_b(self) -> str:
+    return self.b_dtype or self.dtype
 
   @property
   def flops(self) -> int:
@@ -115,14 +133,19 @@ class GemmConfig:
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
     round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
-    in_bytes = np.dtype(problem.dtype).itemsize
-    out_bytes = np.dtype(problem.out_dtype).itemsize
+    a_bytes = _itemsize(problem.dtype)
+    b_bytes = _itemsize(problem.dtype_b)
+    out_bytes = _itemsize(problem.out_dtype)
     em, en = self.epilogue_shape
-    total = round_up(self.stages * self.tile_m * self.tile_k * in_bytes)
-    total += round_up(self.stages * self.tile_k * self.tile_n * in_bytes)
+    total = round_up(self.stages * self.tile_m * self.tile_k * a_bytes)
+    total += round_up(self.stages * self.tile_k * self.tile_n * b_bytes)
     total += round_up(2 * self.epilogue_slots * em * en * out_bytes)
     if problem.has_bias:
       total += round_up(2 * self.wg_tile[1] * 4)
+    if problem.has_row_bias:
+      total += round_up(2 * self.wg_tile[0] * 4)
+    if problem.residual_dtype:
+      total += round_up(2 * self.epilogue_slots * em * en * _itemsize(problem.residual_dtype))
     return total + SMEM_RESERVED_BYTES
 
   # -- checks ---------------------------------------------------------------
@@ -145,14 +168,14 @@ class GemmConfig:
       fail("group", "must be >= 1")
     if self.stages < 2:
       fail("stages", "must be >= 2 (one stage loading while one is consumed)")
+    if self.schedule == "pingpong" and (self.stages % 2 or self.stages < 4):
+      fail("stages", "must be even and >= 4 for pingpong (stages // 2 per consumer "
+                     "warpgroup, at least 2 each)")
     if self.num_sms is not None and (
         self.num_sms < 1 or self.num_sms % self.cluster_size
     ):
       fail("num_sms", f"must be a positive multiple of the cluster size {self.cluster_size}")
-    if problem.dtype not in INPUT_DTYPES:
-      raise ValueError(f"input dtype {problem.dtype} not supported; use one of {INPUT_DTYPES}")
-    if problem.out_dtype not in OUTPUT_DTYPES:
-      raise ValueError(f"out_dtype {problem.out_dtype} not supported; use one of {OUTPUT_DTYPES}")
+    _validate_dtypes(problem)
 
     wm, wn = self.wg_tile
     if self.schedule == "pingpong" or self.wg_split == "n":
@@ -189,6 +212,45 @@ class GemmConfig:
                      "(fewer stages, smaller tiles or a smaller epilogue_tile)")
 
 
+def _itemsize(dtype: str) -> int:
+  import jax.numpy as jnp  # local: the fp8 dtypes come from ml_dtypes through jax
+
+  return jnp.dtype(dtype).itemsize
+
+
+def _validate_dtypes(problem: GemmProblem) -> None:
+  """Raises ValueError for a dtype/layout combination the kernel does not run."""
+  from pallas_gemm import _compat
+
+  a, b = problem.dtype, problem.dtype_b
+  for name, dtype in (("dtype", a), ("b_dtype", b)):
+    if dtype not in KERNEL_INPUT_DTYPES:
+      raise ValueError(f"GemmProblem.{name}={dtype!r}: not supported; use one of {KERNEL_INPUT_DTYPES}")
+  if a != b:
+    if a not in FP8_DTYPES or b not in FP8_DTYPES:
+      raise ValueError(f"GemmProblem.b_dtype={b!r}: A is {a}; only fp8 operands may differ "
+                       "(e4m3 x e5m2)")
+    if not _compat.SUPPORTS_MIXED_FP8:
+      raise ValueError(f"GemmProblem.b_dtype={b!r}: mixed e4m3 x e5m2 WGMMA needs jax >= 0.11 "
+                       f"(this is {'.'.join(map(str, _compat.JAX_VERSION))})")
+  if a in K_MAJOR_DTYPES and (problem.transpose_a or not problem.transpose_b):
+    raise ValueError(f"GemmProblem.transpose_a={problem.transpose_a}, transpose_b="
+                     f"{problem.transpose_b}: {a} operands must be K-major in the kernel "
+                     "(A stored (M, K), B stored (N, K): transpose_a=False, transpose_b=True)")
+  if problem.out_dtype not in KERNEL_OUTPUT_DTYPES:
+    raise ValueError(f"GemmProblem.out_dtype={problem.out_dtype!r}: not supported; use one of "
+                     f"{KERNEL_OUTPUT_DTYPES}")
+  if problem.out_dtype in FP8_DTYPES and problem.has_c:
+    raise ValueError("GemmProblem.has_c=True: a beta * c addend is not supported with fp8 outputs")
+  if problem.residual_dtype is not None and problem.residual_dtype not in ADDEND_DTYPES:
+    raise ValueError(f"GemmProblem.residual_dtype={problem.residual_dtype!r}: use one of {ADDEND_DTYPES}")
+
+
+def default_tile_k(dtype: str) -> int:
+  """One 128-byte swizzle span of K: 64 bf16/f16, 128 fp8, 32 f32 (tf32)."""
+  return 128 // _itemsize(dtype)
+
+
 def default_config(problem: GemmProblem) -> GemmConfig:
   """A good configuration for `problem` (measured on the H100; see NOTES.md).
 
@@ -202,17 +264,19 @@ def default_config(problem: GemmProblem) -> GemmConfig:
   >>> default_config(GemmProblem(m=4096, n=8192, k=4096, out_dtype="float32")).stages
   3
   """
-  cfg = GemmConfig()
+  cfg = GemmConfig(tile_k=default_tile_k(problem.dtype))
   if problem.transpose_a:
     cfg = dataclasses.replace(cfg, wg_split="n")
   if problem.m <= 64:
     cfg = dataclasses.replace(cfg, tile_m=64, wg_split="n")
   elif tiles(problem.m, cfg.tile_m) >= 2:
     cfg = dataclasses.replace(cfg, cluster=(2, 1))
-  for stages in (4, 3, 2):
-    candidate = dataclasses.replace(cfg, stages=stages)
-    if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
-      return candidate
+  # f32 outputs with an f32 residual need narrower epilogue tiles to keep 2+ stages.
+  for epilogue_tile in (cfg.epilogue_tile, (64, 32)):
+    for stages in (4, 3, 2):
+      candidate = dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile)
+      if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
+        return candidate
   return dataclasses.replace(cfg, stages=2)
 
 

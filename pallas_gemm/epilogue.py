@@ -1,4 +1,8 @@
-"""The fused epilogue: act(alpha * acc + beta * c + bias), in f32.
+"""The fused epilogue, in f32:
+
+    y = act(alpha * acc + beta * c + bias[col] + row_bias[row]) + residual
+    y = clamp(y, lo, hi)
+    y = min(max(y * out_scale, -fp8_max), fp8_max)     (fp8 outputs only)
 
 The same function runs inside the kernel (on a register tile) and in the XLA
 reference path, so both compute exactly the same formula.
@@ -64,6 +68,13 @@ class EpilogueSpec:
   activation: str | None = None
   alpha: float = 1.0
   beta: float = 0.0
+  clamp_lo: float | None = None
+  clamp_hi: float | None = None
+  out_scale: float = 1.0
+  """Multiplies the result before an fp8 cast (the output's quantization scale)."""
+  saturate: float | None = None
+  """The largest finite value of an fp8 output dtype; the result is clamped to
+  +-saturate before the cast (None for non-fp8 outputs)."""
 
   def __post_init__(self):
     if self.activation is not None and self.activation not in ACTIVATIONS:
@@ -72,8 +83,8 @@ class EpilogueSpec:
       )
 
 
-def apply(spec: EpilogueSpec, acc, *, c=None, bias=None):
-  """act(alpha * acc + beta * c + bias) in f32; `c` and `bias` already broadcast."""
+def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None):
+  """The formula of the module docstring in f32; `c`, biases and `residual` already broadcast."""
   y = acc.astype(jnp.float32)
   if spec.alpha != 1.0:
     y = y * jnp.float32(spec.alpha)
@@ -81,6 +92,18 @@ def apply(spec: EpilogueSpec, acc, *, c=None, bias=None):
     y = y + jnp.float32(spec.beta) * c.astype(jnp.float32)
   if bias is not None:
     y = y + bias.astype(jnp.float32)
+  if row_bias is not None:
+    y = y + row_bias.astype(jnp.float32)
   if spec.activation is not None:
     y = ACTIVATIONS[spec.activation](y)
+  if residual is not None:
+    y = y + residual.astype(jnp.float32)
+  if spec.clamp_lo is not None:
+    y = jnp.maximum(y, jnp.float32(spec.clamp_lo))
+  if spec.clamp_hi is not None:
+    y = jnp.minimum(y, jnp.float32(spec.clamp_hi))
+  if spec.saturate is not None:
+    if spec.out_scale != 1.0:
+      y = y * jnp.float32(spec.out_scale)
+    y = jnp.minimum(jnp.maximum(y, jnp.float32(-spec.saturate)), jnp.float32(spec.saturate))
   return y

@@ -49,6 +49,10 @@ MEMORY_REGISTERS = 40
 COMPUTE_REGISTERS = 232
 """Registers per consumer thread: (512 - 40) / 2, rounded down to a multiple of 8."""
 
+EXPERIMENT_COMPILER_PARAMS: dict = {}
+"""Extra `plgpu.CompilerParams` fields for benchmark experiments only (NOTES.md);
+read when a kernel is traced. Empty in normal use."""
+
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
@@ -57,8 +61,10 @@ class _Plan:
   problem: GemmProblem
   config: GemmConfig
   epilogue: epilogue_lib.EpilogueSpec
-  ab_swizzle: int
-  out_swizzle: int
+  a_transforms: tuple
+  b_transforms: tuple
+  out_transforms: tuple
+  residual_transforms: tuple | None
 
   @property
   def k_iters(self) -> int:
@@ -104,7 +110,8 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
+def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out_gmem, *,
+            p: _Plan):
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
@@ -112,9 +119,7 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
   slots = cfg.epilogue_slots
   stages = cfg.stages
   pingpong = cfg.schedule == "pingpong"
-  in_dtype, out_dtype = a_gmem.dtype, out_gmem.dtype
-  ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
-  out_tf = smem.tile_transforms(out_dtype, p.out_swizzle)
+  out_dtype = out_gmem.dtype
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
   b_block = (tn, tk) if prob.transpose_b else (tk, tn)
   cm, cn = cfg.cluster
@@ -127,7 +132,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
   else:
     consumed_type = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
-  def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded):
+  def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded,
+             row_bias_smem, row_bias_loaded, res_smem, res_loaded):
     wg = lax.axis_index("wg")
 
     def slot(local_tile, k):
@@ -198,6 +204,9 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
       if bias_smem is not None:
         plgpu.copy_gmem_to_smem(
             bias_gmem.at[pl.ds(col0, wn)], bias_smem.at[wg], bias_loaded.at[wg])
+      if row_bias_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            row_bias_gmem.at[pl.ds(row0, wm)], row_bias_smem.at[wg], row_bias_loaded.at[wg])
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
@@ -249,25 +258,38 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
     def _epilogue(result, batch_idx, row0, col0):
       if bias_smem is not None:
         plgpu.barrier_wait(bias_loaded.at[wg])
+      if row_bias_smem is not None:
+        plgpu.barrier_wait(row_bias_loaded.at[wg])
       for i in range(wm // em):
         for j in range(wn // en):
           out_slot = (i * (wn // en) + j) % slots
           buf = out_smem.at[wg, out_slot]
           rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
           plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
-          c_tile = None
+          c_tile = res_tile = None
+          barrier = wg * slots + out_slot
+          if res_smem is not None:
+            res_buf = res_smem.at[wg, out_slot]
+            plgpu.copy_gmem_to_smem(
+                _at(residual_gmem, batch_idx, rows, cols), res_buf, res_loaded.at[barrier])
           if c_gmem is not None:
             plgpu.copy_gmem_to_smem(
-                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[wg * slots + out_slot])
-            plgpu.barrier_wait(c_loaded.at[wg * slots + out_slot])
+                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
+            plgpu.barrier_wait(c_loaded.at[barrier])
             c_tile = buf[...]
-          bias_tile = None
+          bias_tile = row_bias_tile = None
           if bias_smem is not None:
             bias_tile = lax.broadcast_in_dim(
                 bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
+          if row_bias_smem is not None:
+            row_bias_tile = lax.broadcast_in_dim(
+                row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
+          if res_smem is not None:
+            plgpu.barrier_wait(res_loaded.at[barrier])
+            res_tile = res_buf[...]
           y = epilogue_lib.apply(
               p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
-              c=c_tile, bias=bias_tile)
+              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, residual=res_tile)
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
@@ -276,14 +298,21 @@ def _kernel(a_gmem, b_gmem, bias_gmem, c_gmem, out_gmem, *, p: _Plan):
 
   pl.run_scoped(
       scoped,
-      a_smem=plgpu.SMEM((stages, *a_block), in_dtype, transforms=ab_tf),
-      b_smem=plgpu.SMEM((stages, *b_block), in_dtype, transforms=ab_tf),
+      a_smem=plgpu.SMEM((stages, *a_block), a_gmem.dtype, transforms=p.a_transforms),
+      b_smem=plgpu.SMEM((stages, *b_block), b_gmem.dtype, transforms=p.b_transforms),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       consumed=consumed_type,
-      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
+      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
       bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
       bias_loaded=None if bias_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2),
       c_loaded=None if c_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
+      row_bias_smem=None if row_bias_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
+      row_bias_loaded=None if row_bias_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2),
+      res_smem=None if residual_gmem is None else plgpu.SMEM(
+          (2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
+      res_loaded=None if residual_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2 * slots),
       collective_axes="wg",
   )
 
@@ -297,7 +326,26 @@ def _use_approx_math(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) 
   return epilogue.activation is not None and problem.out_dtype != "float32"
 
 
-def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmConfig,
+def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, b_minor: int):
+  """SMEM transforms of the A and B tiles: `layouts.gmma_smem_spec`, one shared swizzle.
+
+  The widest swizzle that both tiles and both GMEM arrays allow (TMA tiles the
+  whole array); None if there is none.
+  """
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  a_major = "MN" if problem.transpose_a else "K"
+  b_major = "K" if problem.transpose_b else "MN"
+  for width in smem.SWIZZLE_BYTES:
+    a_spec = smem.operand_spec(problem.dtype, (tm, tk), a_major, a_minor, swizzle=width)
+    b_spec = smem.operand_spec(problem.dtype_b, (tn, tk), b_major, b_minor, swizzle=width)
+    if a_spec is not None and b_spec is not None:
+      return (smem.tile_transforms(problem.dtype, width, (tm, tk), a_major),
+              smem.tile_transforms(problem.dtype_b, width, (tn, tk), b_major))
+  return None
+
+
+def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
+                problem: GemmProblem, config: GemmConfig,
                 epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
                 interpret=None):
   """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
@@ -308,23 +356,32 @@ def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmCo
     b: (batch, K, N) or (K, N); (.., N, K) if `problem.transpose_b`.
     bias: f32 (n_tiles * tile_n,) zero-padded per-column bias, or None.
     c: out-dtype (batch, M, N) or (M, N) addend scaled by `epilogue.beta`, or None.
+    row_bias: f32 (m_tiles * tile_m,) zero-padded per-row bias, or None.
+    residual: (batch, M, N) or (M, N) addend of `problem.residual_dtype`, added
+      after the activation, or None.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (batch, M, N) or (M, N) array of `problem.out_dtype`.
   """
   config.validate(problem)
-  ab_swizzle = smem.widest_swizzle(
-      a.dtype, config.tile_k, a.shape[-1], b.shape[-1])
-  if ab_swizzle is None:
+  ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
+  if ab_transforms is None:
     raise ValueError(
         f"A {a.shape} and B {b.shape} have no common TMA swizzle; pad their minor dims")
   em, en = config.epilogue_shape
   out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
   if out_swizzle is None:
     raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
+  residual_transforms = None
+  if residual is not None:
+    res_swizzle = smem.widest_swizzle(residual.dtype, en, residual.shape[-1])
+    if res_swizzle is None:
+      raise ValueError(f"residual {residual.shape} cannot be loaded by TMA; pad its minor dim")
+    residual_transforms = smem.tile_transforms(residual.dtype, res_swizzle, (em, en))
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
-  plan = _Plan(problem, config, epilogue, ab_swizzle, out_swizzle)
+  plan = _Plan(problem, config, epilogue, *ab_transforms,
+               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms)
   out_shape = (problem.m, problem.n)
   if a.ndim == 3 or b.ndim == 3:
     out_shape = (problem.batch, *out_shape)
@@ -338,8 +395,9 @@ def hopper_gemm(a, b, bias=None, c=None, *, problem: GemmProblem, config: GemmCo
       grid_names=("sm",),
       num_threads=3,
       thread_name="wg",
-      compiler_params=_compat.compiler_params(approx_math=_use_approx_math(problem, epilogue)),
+      compiler_params=_compat.compiler_params(
+          approx_math=_use_approx_math(problem, epilogue), **EXPERIMENT_COMPILER_PARAMS),
       interpret=interpret,
       **cluster_kwargs,
   )
-  return kernel(a, b, bias, c)
+  return kernel(a, b, bias, row_bias, c, residual)

@@ -1,4 +1,4 @@
-"""Public entry point: `matmul` = act(alpha * op(a) @ op(b) + beta * c + bias).
+"""Public entry point: `matmul` = act(alpha * op(a) @ op(b) + beta * c + bias) (+ extras).
 
 >>> import jax.numpy as jnp
 >>> a = jnp.ones((4, 3), jnp.bfloat16); b = jnp.ones((3, 2), jnp.bfloat16)
@@ -6,8 +6,11 @@
 [4.0, 0.0]
 
 Operand layouts are free: `transpose_a=True` means `a` is stored (..., K, M),
-`transpose_b=True` that `b` is stored (..., N, K); the kernel reads either with
-TMA and hands WGMMA a transposed SMEM view, so no transposed copy is made.
+`transpose_b=True` that `b` is stored (..., N, K). For bf16/f16 the kernel reads
+either with TMA and hands WGMMA a transposed SMEM view, so no transposed copy is
+made. fp8 (e4m3, e5m2) and f32 (tf32) operands must be K-major for WGMMA (A as
+(M, K), B as (N, K)): other layouts are transposed by XLA first, one extra HBM
+read+write of that operand (measured in NOTES.md).
 
 Shapes TMA cannot address as they are (see `_tma_layout`) are handled by
 zero-padding only the offending array, at the cost of one copy of it; every
@@ -26,7 +29,8 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import smem
-from pallas_gemm.config import GemmConfig, GemmProblem, default_config, INPUT_DTYPES, OUTPUT_DTYPES
+from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
+                                KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem, default_config)
 from pallas_gemm.autotune import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
@@ -37,18 +41,37 @@ INTERPRET_NUM_SMS = 2
 
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
-           implementation: str | None = None, autotune: bool | None = None):
-  """Computes `act(alpha * op(a) @ op(b) + beta * c + bias)` with f32 accumulation.
+           implementation: str | None = None, autotune: bool | None = None,
+           row_bias=None, residual=None, clamp=None, out_scale=None):
+  """Computes, with f32 accumulation and every step fused into the kernel's epilogue,
+
+      y = act(alpha * op(a) @ op(b) + beta * c + bias[n] + row_bias[m]) + residual
+      y = clamp(y, *clamp)
+      y = cast_fp8(clip(y * out_scale, -fp8_max, fp8_max))    (fp8 out_dtype only)
 
   Args:
-    a: (..., M, K), or (..., K, M) with `transpose_a`; bf16 or f16.
-    b: (..., K, N), or (..., N, K) with `transpose_b`; same dtype as `a`.
+    a: (..., M, K), or (..., K, M) with `transpose_a`; bf16, f16, float8_e4m3fn,
+      float8_e5m2 or float32 (multiplied in tf32). fp8 and f32 operands are
+      K-major in the kernel: `transpose_a=True` costs an XLA transpose of `a`.
+    b: (..., K, N), or (..., N, K) with `transpose_b`; same dtype as `a`, except
+      that e4m3 and e5m2 may be mixed (jax >= 0.11). fp8 and f32 `b` without
+      `transpose_b` costs an XLA transpose of `b` (store it (N, K) to avoid it).
       Leading (batch) dims of `a` and `b` must be equal, or one operand 2-D.
     bias: (N,) per-column bias, added in f32, or None.
     activation: None, "relu", "gelu_tanh", "gelu_exact", "silu" or "sigmoid".
-    c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS).
-    alpha, beta: Python numbers (compiled into the kernel).
-    out_dtype: bf16, f16 or f32; defaults to `a.dtype`.
+    c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
+      not with fp8 outputs.
+    alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
+      `alpha` is where a dequantization scale (scale_a * scale_b) goes.
+    out_dtype: bf16, f16, f32, float8_e4m3fn or float8_e5m2; defaults to
+      `a.dtype` for 16-bit and f32 operands, bf16 for fp8 operands.
+    row_bias: (M,) per-row bias, added in f32 with `bias`, or None.
+    residual: (..., M, N) or (M, N) array (bf16, f16 or f32) added after the
+      activation, or None.
+    clamp: (lo, hi) Python numbers (either may be None) applied last, or None.
+    out_scale: Python number multiplying the result before an fp8 cast, which
+      saturates at the dtype's largest finite value (448 e4m3, 57344 e5m2);
+      fp8 `out_dtype` only (default 1.0).
     config: a `GemmConfig`, or None: the autotuning cache's entry for this
       problem on this device, else the heuristic default.
     implementation: None (the Pallas kernel on a GPU, XLA elsewhere), "pallas",
@@ -66,16 +89,18 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if config is not None and not isinstance(config, GemmConfig):
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
   a, b = jnp.asarray(a), jnp.asarray(b)
-  spec = epilogue_lib.EpilogueSpec(activation=activation, alpha=float(alpha), beta=float(beta))
   problem, batch_shape = _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
+  problem = _check_extras(problem, batch_shape, row_bias, residual)
+  spec = _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
   if c is not None and beta == 0.0:
     c = None
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   if implementation == "xla":
-    return _xla_matmul(a, b, problem, spec, bias, c)
+    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual)
   return _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config,
-                        interpret=implementation == "interpret", autotune=autotune)
+                        interpret=implementation == "interpret", autotune=autotune,
+                        row_bias=row_bias, residual=residual)
 
 
 # -- argument checking --------------------------------------------------------
@@ -84,10 +109,15 @@ def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   for name, x in (("a", a), ("b", b)):
     if x.ndim < 2:
       raise ValueError(f"{name} must have at least 2 dims, got shape {x.shape}")
-    if x.dtype.name not in INPUT_DTYPES:
-      raise TypeError(f"{name} must be one of {INPUT_DTYPES}, got {x.dtype}")
+    if x.dtype.name not in KERNEL_INPUT_DTYPES:
+      raise TypeError(f"{name} must be one of {KERNEL_INPUT_DTYPES}, got {x.dtype}")
   if a.dtype != b.dtype:
-    raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype.name not in FP8_DTYPES or b.dtype.name not in FP8_DTYPES:
+      raise TypeError(f"a and b must have the same dtype (or be e4m3 x e5m2 fp8), "
+                      f"got {a.dtype} and {b.dtype}")
+    if not _compat.SUPPORTS_MIXED_FP8:
+      raise TypeError(f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11, "
+                      f"this is jax {jax.__version__}")
   m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
   kb, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
   if k != kb:
@@ -99,9 +129,11 @@ def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   if batch_a and batch_b and batch_a != batch_b:
     raise ValueError(f"batch dims of a {batch_a} and b {batch_b} must be equal (or one operand 2-D)")
   batch_shape = batch_a or batch_b
-  out_dtype = jnp.dtype(out_dtype or a.dtype)
-  if out_dtype.name not in OUTPUT_DTYPES:
-    raise TypeError(f"out_dtype must be one of {OUTPUT_DTYPES}, got {out_dtype}")
+  out_dtype = jnp.dtype(out_dtype or (jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype))
+  if out_dtype.name not in KERNEL_OUTPUT_DTYPES:
+    raise TypeError(f"out_dtype must be one of {KERNEL_OUTPUT_DTYPES}, got {out_dtype}")
+  if out_dtype.name in FP8_DTYPES and c is not None and beta != 0.0:
+    raise ValueError(f"c (beta * c) is not supported with an fp8 out_dtype ({out_dtype})")
   if bias is not None and jnp.shape(bias) != (n,):
     raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
   if c is not None and jnp.shape(c) not in ((*batch_shape, m, n), (m, n)):
@@ -111,16 +143,62 @@ def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   problem = GemmProblem(
       m=m, n=n, k=k, batch=math.prod(batch_shape), dtype=a.dtype.name,
       out_dtype=out_dtype.name, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
-      has_bias=bias is not None, has_c=c is not None and beta != 0.0)
+      has_bias=bias is not None, has_c=c is not None and beta != 0.0,
+      b_dtype=b.dtype.name if b.dtype != a.dtype else None)
   return problem, batch_shape
 
 
+def _check_extras(problem, batch_shape, row_bias, residual):
+  """Checks row_bias and residual; returns the problem with them recorded."""
+  m, n = problem.m, problem.n
+  if row_bias is not None and jnp.shape(row_bias) != (m,):
+    raise ValueError(f"row_bias must have shape (M,) = ({m},), got {jnp.shape(row_bias)}")
+  residual_dtype = None
+  if residual is not None:
+    if jnp.shape(residual) not in ((*batch_shape, m, n), (m, n)):
+      raise ValueError(f"residual must have shape {(*batch_shape, m, n)} or {(m, n)}, "
+                       f"got {jnp.shape(residual)}")
+    residual_dtype = jnp.result_type(residual).name
+    if residual_dtype not in ADDEND_DTYPES:
+      raise TypeError(f"residual must be one of {ADDEND_DTYPES}, got {residual_dtype}")
+  return dataclasses.replace(problem, has_row_bias=row_bias is not None,
+                             residual_dtype=residual_dtype)
+
+
+def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
+  bounds = (None, None)
+  if clamp is not None:
+    if not isinstance(clamp, (tuple, list)) or len(clamp) != 2 or not all(
+        v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool)) for v in clamp):
+      raise TypeError(f"clamp must be a (lo, hi) pair of Python numbers or None, got {clamp!r}")
+    bounds = tuple(None if v is None else float(v) for v in clamp)
+    if None not in bounds and bounds[0] > bounds[1]:
+      raise ValueError(f"clamp: lo {bounds[0]} > hi {bounds[1]}")
+  saturate = None
+  if problem.out_dtype in FP8_DTYPES:
+    saturate = float(jnp.finfo(problem.out_dtype).max)
+  if out_scale is not None:
+    if not isinstance(out_scale, numbers.Real) or isinstance(out_scale, bool):
+      raise TypeError(f"out_scale must be a Python number (it is compiled into the kernel), "
+                      f"got {type(out_scale).__name__}")
+    if saturate is None:
+      raise ValueError(f"out_scale applies to fp8 outputs only; out_dtype is {problem.out_dtype}")
+  return epilogue_lib.EpilogueSpec(
+      activation=activation, alpha=float(alpha), beta=float(beta), clamp_lo=bounds[0],
+      clamp_hi=bounds[1], out_scale=1.0 if out_scale is None else float(out_scale),
+      saturate=saturate)
+
+
 # -- XLA reference path -------------------------------------------------------
-def _xla_matmul(a, b, problem, spec, bias, c):
+def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None):
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if problem.transpose_b else b
+  if op_a.dtype != op_b.dtype:  # mixed fp8: XLA's dot wants one dtype
+    op_a, op_b = op_a.astype(jnp.bfloat16), op_b.astype(jnp.bfloat16)
   acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
-  y = epilogue_lib.apply(spec, acc, c=c, bias=bias)
+  y = epilogue_lib.apply(spec, acc, c=c, bias=bias,
+                         row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
+                         residual=residual)
   return y.astype(problem.out_dtype)
 
 
@@ -189,6 +267,14 @@ def _out_extent(problem, config, interpret):
   return _tma_rows(problem.m), cols
 
 
+def _residual_cols(dtype, cols, config):
+  """Minor extent of the residual: `cols`, widened if TMA cannot read it with any swizzle."""
+  _, en = config.epilogue_shape
+  if smem.widest_swizzle(dtype, en, cols) is None:
+    return _round_up(cols, smem.swizzle_span(dtype, 32))
+  return cols
+
+
 def _interpret_config(config, problem):
   """A config the GPU interpreter can run: a small grid, clusters only where supported."""
   if config is None:
@@ -203,8 +289,21 @@ def _interpret_config(config, problem):
   return config
 
 
-def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune):
+def _k_major(a, b, problem):
+  """fp8/f32 operands: transpose (in XLA) whichever operand is not K-major."""
+  if problem.dtype not in K_MAJOR_DTYPES:
+    return a, b, problem
+  if problem.transpose_a:
+    a = jnp.swapaxes(a, -1, -2)
+  if not problem.transpose_b:
+    b = jnp.swapaxes(b, -1, -2)
+  return a, b, dataclasses.replace(problem, transpose_a=False, transpose_b=True)
+
+
+def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
+                   row_bias=None, residual=None):
   m, n = problem.m, problem.n
+  a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
   if fold:
@@ -213,12 +312,18 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
       c = c.reshape(-1, n)
     elif c is not None:
       c = jnp.broadcast_to(c, (*batch_shape, m, n)).reshape(-1, n)
+    if residual is not None:
+      residual = jnp.broadcast_to(residual, (*batch_shape, m, n)).reshape(-1, n)
+    if row_bias is not None:
+      row_bias = jnp.tile(jnp.asarray(row_bias), a.shape[0] // m)
     problem = dataclasses.replace(problem, m=a.shape[0], batch=1)
   else:
     a = a.reshape(-1, *a.shape[-2:]) if a.ndim > 2 else a
     b = b.reshape(-1, *b.shape[-2:]) if b.ndim > 2 else b
     if c is not None and c.ndim > 2:
       c = c.reshape(-1, *c.shape[-2:])
+    if residual is not None and residual.ndim > 2:
+      residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
     config = resolve_config(problem, spec.activation, operands=(a, b), tune=autotune)
   if interpret:
@@ -232,8 +337,14 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   if bias is not None:
     bias_cols = _round_up(cols, config.tile_n * config.cluster[1])
     bias = _pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
+  if row_bias is not None:
+    bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
+    row_bias = _pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
+  if residual is not None:
+    residual = _pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   out = hopper_gemm(
-      a, b, bias, c, problem=kernel_problem, config=config, epilogue=spec,
+      a, b, bias, c, row_bias=row_bias, residual=residual,
+      problem=kernel_problem, config=config, epilogue=spec,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
   return out[..., :problem.m, :n].reshape(*batch_shape, m, n)

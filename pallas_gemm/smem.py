@@ -1,28 +1,38 @@
 """Shared-memory tile layouts: which swizzle a WGMMA operand or epilogue tile uses.
 
-This module is the one place that decides a swizzle. It will become a thin call
-into `layouts.gmma_smem_layout(dtype, tile_shape, major)` once that exists; until
-then it picks the widest legal swizzle from the minor-dimension extents.
+The layout, swizzle and Mosaic tiling of every SMEM tile come from the
+`layouts` package (`layouts.gmma_smem_spec`); this module only adds what the
+kernel knows and `layouts` does not: the GMEM arrays a tile is TMA-copied from
+(TMA tiles the whole array, so its minor extent must be a multiple of the
+swizzle span too), and the narrowing to a swizzle both operands share.
 
 >>> import jax.numpy as jnp
 >>> widest_swizzle(jnp.bfloat16, 64, 4096)   # a 64-wide K tile of a K=4096 array
 128
 >>> widest_swizzle(jnp.bfloat16, 64, 4000)   # K=4000 only allows 64-byte spans
 64
+>>> operand_spec("float8_e4m3fn", (128, 128), "K", 4096).swizzle
+128
 """
 
 from __future__ import annotations
 
 import jax.experimental.pallas.mosaic_gpu as plgpu
-import numpy as np
+import jax.numpy as jnp
+
+import layouts
 
 SWIZZLE_BYTES = (128, 64, 32)
 """Swizzle widths that WGMMA and TMA both accept, widest first."""
 
 
+def _name(dtype) -> str:
+  return jnp.dtype(dtype).name
+
+
 def swizzle_span(dtype, swizzle: int) -> int:
   """Elements of `dtype` in one swizzle span (the minor extent of one tile)."""
-  return swizzle // np.dtype(dtype).itemsize
+  return swizzle // jnp.dtype(dtype).itemsize
 
 
 def is_tma_compatible_extent(dtype, extent: int, swizzle: int) -> bool:
@@ -35,24 +45,43 @@ def is_tma_compatible_extent(dtype, extent: int, swizzle: int) -> bool:
   return extent % swizzle_span(dtype, swizzle) == 0
 
 
-def widest_swizzle(dtype, tile_minor: int, *array_minors: int) -> int | None:
-  """The widest swizzle (bytes) legal for a tile and the arrays it is copied from.
+def operand_spec(dtype, tile_shape, major: str, *array_minors: int, swizzle: int | None = None):
+  """`layouts.gmma_smem_spec` of a tile, narrowed to a swizzle its GMEM arrays allow.
 
-  `tile_minor` is the SMEM tile's minor extent (it must be a whole number of
-  spans); `array_minors` are the minor extents of the GMEM arrays that share
-  this swizzle (A and B must match for WGMMA). Returns None if none is legal.
+  `tile_shape` is (mn, k); `major` "K" or "MN" (as in `layouts`); `array_minors`
+  are the minor extents of the GMEM arrays copied into this tile. Returns None
+  if no swizzle is legal. `swizzle` forces one width (None: widest legal).
   """
-  for swizzle in SWIZZLE_BYTES:
-    if tile_minor % swizzle_span(dtype, swizzle):
+  widest = layouts.gmma_smem_spec(_name(dtype), tuple(tile_shape), major).swizzle
+  for width in SWIZZLE_BYTES:
+    if width > widest or (swizzle is not None and width != swizzle):
       continue
-    if all(is_tma_compatible_extent(dtype, e, swizzle) for e in array_minors):
-      return swizzle
+    if not all(is_tma_compatible_extent(dtype, e, width) for e in array_minors):
+      continue
+    try:
+      return layouts.gmma_smem_spec(_name(dtype), tuple(tile_shape), major, width)
+    except ValueError:
+      continue
   return None
 
 
-def tile_transforms(dtype, swizzle: int) -> tuple:
-  """Pallas SMEM transforms for a 2-D tile: (8, span) tiling plus the swizzle."""
-  return (
-      plgpu.TilingTransform((8, swizzle_span(dtype, swizzle))),
-      plgpu.SwizzleTransform(swizzle),
-  )
+def widest_swizzle(dtype, tile_minor: int, *array_minors: int) -> int | None:
+  """The widest swizzle (bytes) legal for a tile and the arrays it is copied from.
+
+  `tile_minor` is the SMEM tile's minor (contiguous) extent; `array_minors` are
+  the minor extents of the GMEM arrays that share this swizzle (A and B must
+  match for WGMMA). Returns None if none is legal. Decided by `layouts`.
+  """
+  spec = operand_spec(dtype, (8, tile_minor), "K", *array_minors)
+  return None if spec is None else spec.swizzle
+
+
+def tile_transforms(dtype, swizzle: int, tile_shape=None, major: str = "K") -> tuple:
+  """Pallas SMEM transforms of a 2-D tile, from `layouts.gmma_smem_spec`.
+
+  `tile_shape` is (mn, k) as `layouts` counts it (default: one swizzle atom).
+  """
+  if tile_shape is None:
+    tile_shape = (8, swizzle_span(dtype, swizzle))
+  spec = layouts.gmma_smem_spec(_name(dtype), tuple(tile_shape), major, swizzle)
+  return (plgpu.TilingTransform(spec.tiling), plgpu.SwizzleTransform(spec.swizzle))

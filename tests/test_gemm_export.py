@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_gemm import GemmConfig, matmul
+from pallas_gemm import GemmConfig, GemmProblem, _compat, matmul
 
 COOP_N = GemmConfig(wg_split="n")
 PINGPONG = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6)
@@ -114,8 +114,17 @@ def test_transposed_a_needs_split_n():
 
 
 @pytest.mark.parametrize("kwargs,error,name", [
-    (dict(a=jnp.ones((8, 8), jnp.float32), b=jnp.ones((8, 8), jnp.float32)), TypeError, "a must be"),
+    (dict(a=jnp.ones((8, 8), jnp.int8), b=jnp.ones((8, 8), jnp.int8)), TypeError, "a must be"),
     (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.float16)), TypeError, "a and b"),
+    (dict(a=jnp.ones((8, 8), jnp.float32), b=jnp.ones((8, 8), jnp.bfloat16)), TypeError, "a and b"),
+    (dict(out_scale=2.0), ValueError, "out_scale"),
+    (dict(out_scale=jnp.float32(2.0), out_dtype="float8_e4m3fn"), TypeError, "out_scale"),
+    (dict(c=jnp.ones((8, 8)), beta=1.0, out_dtype="float8_e4m3fn"), ValueError, "c "),
+    (dict(clamp=(1.0,)), TypeError, "clamp"),
+    (dict(clamp=(2.0, 1.0)), ValueError, "clamp"),
+    (dict(row_bias=jnp.ones((7,))), ValueError, "row_bias"),
+    (dict(residual=jnp.ones((8, 7))), ValueError, "residual"),
+    (dict(residual=jnp.ones((8, 8), jnp.int8)), TypeError, "residual"),
     (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((9, 8), jnp.bfloat16)), ValueError, "contracting"),
     (dict(a=jnp.ones((8,), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "a must have"),
     (dict(bias=jnp.ones((7,))), ValueError, "bias"),
@@ -133,3 +142,97 @@ def test_bad_arguments(kwargs, error, name):
   args.update(kwargs)
   with pytest.raises(error, match=name):
     matmul(args.pop("a"), args.pop("b"), **args)
+
+
+# -- fp8 and tf32 operands, fp8 outputs, epilogue extras ----------------------
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float32"])
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_k_major_dtypes(dtype, layout):
+  """Every layout runs; only the non-K-major operands are transposed by XLA."""
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  a, b = _shapes(1000, 1016, 1024, ta, tb)
+  exp = _export(a, b, dtype=dtype, transpose_a=ta, transpose_b=tb)
+  want = "bfloat16" if dtype.startswith("float8") else dtype
+  assert exp.out_avals[0].shape == (1000, 1016) and exp.out_avals[0].dtype == want
+  transposes = exp.mlir_module().count("stablehlo.transpose")
+  assert transposes == int(ta) + int(not tb), transposes
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32", "float8_e4m3fn",
+                                       "float8_e5m2"])
+def test_fp8_outputs(out_dtype):
+  kw = dict(out_scale=0.5) if out_dtype.startswith("float8") else {}
+  exp = _export((512, 1024), (768, 1024), dtype="float8_e4m3fn", transpose_b=True,
+                out_dtype=out_dtype, bias=True, activation="gelu_tanh", **kw)
+  assert exp.out_avals[0].dtype == out_dtype
+
+
+def test_bf16_in_fp8_out():
+  _export((1000, 1000), (1000, 1016), out_dtype="float8_e5m2", out_scale=4.0)
+
+
+def test_mixed_fp8():
+  a, b = jax.ShapeDtypeStruct((512, 1024), "float8_e4m3fn"), jax.ShapeDtypeStruct((768, 1024), "float8_e5m2")
+  fn = jax.jit(lambda a, b: matmul(a, b, transpose_b=True, implementation="pallas"))
+  if _compat.SUPPORTS_MIXED_FP8:
+    assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(a, b).mlir_module()
+  else:
+    with pytest.raises(TypeError, match="a and b: mixed fp8"):
+      jax.export.export(fn, platforms=["cuda"])(a, b)
+
+
+@pytest.mark.parametrize("res_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_epilogue_extras(res_dtype, out_dtype):
+  m, n, k = 1000, 1016, 1000
+  fn = jax.jit(lambda a, b, bias, rb, res, c: matmul(
+      a, b, bias=bias, row_bias=rb, residual=res, c=c, beta=0.5, clamp=(-1.0, None),
+      activation="silu", out_dtype=out_dtype, implementation="pallas"))
+  args = (jax.ShapeDtypeStruct((m, k), "bfloat16"), jax.ShapeDtypeStruct((k, n), "bfloat16"),
+          jax.ShapeDtypeStruct((n,), "float32"), jax.ShapeDtypeStruct((m,), "float32"),
+          jax.ShapeDtypeStruct((m, n), res_dtype), jax.ShapeDtypeStruct((m, n), out_dtype))
+  assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(*args).mlir_module()
+
+
+@pytest.mark.parametrize("config", [  # a residual tile needs SMEM: one stage fewer
+    dataclasses.replace(COOP_N, stages=3), dataclasses.replace(PINGPONG, stages=4),
+    GemmConfig(cluster=(2, 1), stages=3)], ids=["coop-n", "pingpong", "cluster21"])
+def test_epilogue_extras_batched_schedules(config):
+  fn = jax.jit(lambda a, b, rb, res: matmul(
+      a, b, row_bias=rb, residual=res, clamp=(None, 2.0), config=config, implementation="pallas"))
+  args = (jax.ShapeDtypeStruct((2, 3, 300, 256), "bfloat16"), jax.ShapeDtypeStruct((256, 264), "bfloat16"),
+          jax.ShapeDtypeStruct((300,), "float32"), jax.ShapeDtypeStruct((2, 3, 300, 264), "bfloat16"))
+  assert jax.export.export(fn, platforms=["cuda"])(*args).out_avals[0].shape == (2, 3, 300, 264)
+
+
+@pytest.mark.parametrize("problem,field", [
+    (GemmProblem(m=1024, n=1024, k=1024, dtype="float8_e4m3fn"), "transpose_a"),
+    (GemmProblem(m=1024, n=1024, k=1024, dtype="float32", transpose_a=True, transpose_b=True),
+     "transpose_a"),
+    (GemmProblem(m=1024, n=1024, k=1024, dtype="int8", transpose_b=True), "dtype"),
+    (GemmProblem(m=1024, n=1024, k=1024, transpose_b=True, b_dtype="float16"), "b_dtype"),
+    (GemmProblem(m=1024, n=1024, k=1024, out_dtype="int8"), "out_dtype"),
+    (GemmProblem(m=1024, n=1024, k=1024, out_dtype="float8_e4m3fn", has_c=True), "has_c"),
+    (GemmProblem(m=1024, n=1024, k=1024, residual_dtype="int8"), "residual_dtype"),
+])
+def test_rejected_problems(problem, field):
+  with pytest.raises(ValueError, match=rf"^GemmProblem\.{field}="):
+    GemmConfig(tile_k=128).validate(problem)
+
+
+@pytest.mark.parametrize("config", [
+    GemmConfig(tile_k=64),                                   # fp8: one 128-byte span is 128
+    GemmConfig(tile_k=128, stages=5),                        # shared memory
+])
+def test_rejected_fp8_configs(config):
+  field = "tile_k" if config.tile_k == 64 else "stages"
+  problem = GemmProblem(m=4096, n=4096, k=4096, dtype="float8_e4m3fn", transpose_b=True)
+  with pytest.raises(ValueError, match=rf"^GemmConfig\.{field}="):
+    config.validate(problem)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 5])
+def test_pingpong_needs_even_stages_from_4(stages):
+  config = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=stages)
+  with pytest.raises(ValueError, match=r"^GemmConfig\.stages=.*even and >= 4 for pingpong"):
+    config.validate(GemmProblem(m=4096, n=4096, k=4096))

@@ -113,7 +113,7 @@ def test_transposed_layouts(layout):
 
 @pytest.mark.parametrize("config", [
     GemmConfig(wg_split="n"),
-    GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=5),
+    GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
     GemmConfig(stages=3, epilogue_tile=None),
     GemmConfig(tile_n=128, raster="along_m", group=1, stages=2),
     pytest.param(GemmConfig(cluster=(2, 1)), marks=needs_clusters),
@@ -204,3 +204,58 @@ def test_default_interpret_grid_is_small():
 def test_cluster_rejected_by_old_interpreter():
   with pytest.raises(ValueError, match=r"^GemmConfig\.cluster="):
     _run(256, 256, 64, config=GemmConfig(cluster=(2, 1)))
+
+
+# -- fp8 / tf32 operands and the epilogue extras ------------------------------
+FP8_BOUNDS = {"float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
+"""Relative error of rounding to fp8 alone: ~2^-4 (3-bit mantissa), ~2^-3 (2-bit)."""
+
+
+@needs_transposes  # WGMMA reads B through a transposed SMEM view (K-major B)
+@pytest.mark.parametrize("case", [
+    dict(a_dtype="float8_e4m3fn", b_dtype="float8_e4m3fn", layout="NN", out_dtype="bfloat16"),
+    dict(a_dtype="float32", b_dtype="float32", layout="TN", out_dtype="float32"),
+    dict(a_dtype="float8_e4m3fn", b_dtype="float8_e5m2", layout="NT", out_dtype="float8_e4m3fn",
+         out_scale=0.25),
+], ids=["e4m3-NN-bf16", "tf32-TN-f32", "e4m3xe5m2-NT-e4m3out"])
+def test_k_major_dtypes(case):
+  """NN/TN go through an XLA transpose to K-major; the result is the same function."""
+  case = dict(case)
+  if case["a_dtype"] != case["b_dtype"] and not _compat.SUPPORTS_MIXED_FP8:
+    pytest.skip("mixed e4m3 x e5m2 needs jax >= 0.11")
+  rng = np.random.default_rng(7)
+  m, n, k = 200, 264, 256  # not multiples of the tile
+  ta, tb = case["layout"][0] == "T", case["layout"][1] == "T"
+  a = _random(rng, (k, m) if ta else (m, k), case["a_dtype"])
+  b = _random(rng, (n, k) if tb else (k, n), case["b_dtype"])
+  out_scale = case.get("out_scale")
+  out = matmul(a, b, transpose_a=ta, transpose_b=tb, out_dtype=case["out_dtype"],
+               out_scale=out_scale, implementation="interpret")
+  assert out.dtype == case["out_dtype"]
+  ref = _reference(a, b, ta, tb)
+  if out_scale is not None:
+    fp8_max = float(jnp.finfo(case["out_dtype"]).max)
+    ref = np.clip(ref * out_scale, -fp8_max, fp8_max)
+  bound = FP8_BOUNDS.get(case["out_dtype"], 1e-3 if case["a_dtype"] == "float32" else 8e-3)
+  out = np.asarray(out.astype(jnp.float32), np.float64)
+  assert not np.isnan(out).any()
+  err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+  assert err <= bound, f"relative error {err:.2e} > {bound}"
+
+
+def test_epilogue_extras_combined():
+  """act(alpha*ab + beta*c + bias + row_bias) + residual, clamped: all fused, vs float64."""
+  rng = np.random.default_rng(8)
+  m, n, k = 200, 264, 128
+  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
+  bias, row_bias = _random(rng, (n,), jnp.float32), _random(rng, (m,), jnp.float32)
+  c = _random(rng, (m, n), "float32")
+  residual = _random(rng, (m, n), "bfloat16")
+  out = matmul(a, b, bias=bias, row_bias=row_bias, residual=residual, c=c, alpha=0.5,
+               beta=-1.5, activation="gelu_tanh", clamp=(-1.0, 2.5), out_dtype="float32",
+               implementation="interpret")
+  y = _reference(a, b, False, False, bias=bias, c=c, alpha=0.5, beta=-1.5, activation=None)
+  y = y + np.asarray(row_bias, np.float64)[:, None]
+  y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3)))
+  y = np.clip(y + np.asarray(residual.astype(jnp.float32), np.float64), -1.0, 2.5)
+  _check(out, y, "float32")
