@@ -13,8 +13,8 @@ cut at M (as lax does). `transpose_rhs=True` means rhs is stored (G, N, K)
 
 Differentiable (custom_vjp, kernel path): dlhs is the same kernel with the
 rhs layout flipped (dout @ rhs[g]^T, no transposed copy); drhs is the
-ragged-contracting product lhs[rows_g]^T @ dout[rows_g], computed by XLA's
-`lax.ragged_dot_general` (no Pallas kernel for it yet).
+ragged-contracting product lhs[rows_g]^T @ dout[rows_g], computed by the
+`ragged_tgmm` kernel (same structure; boundary rows masked in SMEM).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pallas_gemm.matmul import (IMPLEMENTATIONS, INTERPRET_NUM_SMS, _pad_last2, 
                                 _tma_operand_cols, _tma_rows)
 from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, default_ragged_config,
                                      ragged_gemm)
+from pallas_gemm.ragged_tgmm import TgmmProblem, default_tgmm_config, ragged_tgmm
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
@@ -165,23 +166,38 @@ def _fwd(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
   return out, (lhs, rhs, group_sizes)
 
 
+def _run_tgmm(x, y, group_sizes, out_dtype, interpret):
+  """out[g] = x[rows_g]^T @ y[rows_g] with the ragged-contracting kernel."""
+  (m, p), q, g = x.shape, y.shape[1], group_sizes.shape[0]
+  problem = TgmmProblem(m=m, p=p, q=q, groups=g, dtype=x.dtype.name, out_dtype=out_dtype)
+  config = default_tgmm_config(problem)
+  if interpret:
+    config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)
+    rows = _round_up(m, config.tile_r)
+    p_cols, q_cols = _round_up(p, config.tile_p), _round_up(q, config.tile_q)
+  else:
+    rows, p_cols, q_cols = _tma_rows(m), _round_up(p, 64), _round_up(q, 64)
+  x, y = _pad_last2(x, rows, p_cols), _pad_last2(y, rows, q_cols)
+  out = ragged_tgmm(x, y, group_sizes, problem=dataclasses.replace(problem, p=p_cols, q=q_cols),
+                    config=config,
+                    interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+  return out[:, :p, :q]
+
+
 def _bwd(transpose_rhs, out_dtype, config, interpret, residuals, dout):
-  """dlhs: the kernel with rhs's layout flipped; drhs: XLA's ragged-contracting dot.
+  """dlhs: `ragged_gemm` with rhs's layout flipped (dout @ rhs[g]^T, no copy);
+  drhs: `ragged_tgmm`, lhs[rows_g]^T @ dout[rows_g] (or its transpose for a
+  (G, N, K) rhs, computed as dout[rows_g]^T @ lhs[rows_g], no copy).
 
   The forward config is not reused (the backward problems differ); a cotangent
-  wider than the inputs (f32 output) is rounded to the input dtype for dlhs.
+  wider than the inputs (f32 output) is rounded to the input dtype first.
   """
   lhs, rhs, group_sizes = residuals
   del out_dtype, config
-  dout_in = dout.astype(rhs.dtype)
-  dlhs = _run_kernel(dout_in, rhs, group_sizes, not transpose_rhs, lhs.dtype.name, None, interpret)
-  dims = lax.RaggedDotDimensionNumbers(
-      dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
-      rhs_group_dimensions=[])
-  # (G, N, K) = dout^T lhs per group for a transposed rhs; (G, K, N) = lhs^T dout otherwise.
-  a, b = (dout, lhs) if transpose_rhs else (lhs, dout)
-  drhs = lax.ragged_dot_general(a.astype(rhs.dtype), b.astype(rhs.dtype), group_sizes, dims,
-                                preferred_element_type=jnp.float32).astype(rhs.dtype)
+  dout = dout.astype(rhs.dtype)
+  dlhs = _run_kernel(dout, rhs, group_sizes, not transpose_rhs, lhs.dtype.name, None, interpret)
+  x, y = (dout, lhs) if transpose_rhs else (lhs, dout)
+  drhs = _run_tgmm(x, y, group_sizes, rhs.dtype.name, interpret)
   return dlhs, drhs, None
 
 

@@ -7,9 +7,10 @@ Tiers, as for the dense kernel:
   errors for rejected configs and bad arguments;
 - numerics in GPU interpret mode (2 SMs, NaN-poisoned memory, so an unwritten
   row fails) at odd sizes with random group sizes, empty groups, a tail of
-  rows past sum(group_sizes), one group taking every row, and the custom_vjp.
-  jax 0.10.2's interpreter cannot run WGMMA on a transposed SMEM view, so the
-  transposed-rhs forward and the gradient (whose dlhs flips the rhs layout)
+  rows past sum(group_sizes), one group taking every row, the custom_vjp and
+  the drhs kernel (`ragged_tgmm`). jax 0.10.2's interpreter cannot run WGMMA
+  on a transposed SMEM view, so the transposed-rhs forward, the gradient
+  (dlhs flips the rhs layout) and ragged_tgmm (x is a transposed A operand)
   are skipped there with that reason;
 - the XLA implementation path.
 """
@@ -24,7 +25,8 @@ import numpy as np
 import pytest
 
 from pallas_gemm import _compat
-from pallas_gemm.ragged_dot import ragged_dot
+from pallas_gemm.ragged_dot import _run_tgmm, ragged_dot
+from pallas_gemm.ragged_tgmm import TgmmConfig, TgmmProblem, ragged_tgmm
 from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _decode_item, _Plan,
                                      default_ragged_config, max_items)
 
@@ -127,14 +129,15 @@ def _export(m, k, n, g, *, dtype="bfloat16", transpose_rhs=False, **kw):
   return exported
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs-KN", "rhs-NK"])
-@pytest.mark.parametrize("case", [
-    dict(),
-    dict(dtype="float16"),
-    dict(preferred_element_type=jnp.float32),
-    dict(config=RaggedConfig(tile_n=128, stages=6)),
-    dict(config=RaggedConfig(stages=3, epilogue_tile=(64, 64), raster="along_m", group=2)),
-], ids=["default", "f16", "f32-out", "tile_n128-6stages", "epi64-along_m"])
+@pytest.mark.parametrize("transpose_rhs,case", [
+    (False, dict()),
+    (True, dict()),
+    (False, dict(dtype="float16")),
+    (True, dict(preferred_element_type=jnp.float32)),
+    (False, dict(config=RaggedConfig(tile_n=128, stages=6))),
+    (True, dict(config=RaggedConfig(stages=3, epilogue_tile=(64, 64), raster="along_m", group=2))),
+], ids=["default-KN", "default-NK", "f16-KN", "f32-out-NK", "tile_n128-6stages-KN",
+        "epi64-along_m-NK"])
 def test_export_configs(transpose_rhs, case):
   exp = _export(16384, 2048, 16384, 16, transpose_rhs=transpose_rhs, **case)
   assert exp.out_avals[0].shape == (16384, 16384)
@@ -143,7 +146,7 @@ def test_export_configs(transpose_rhs, case):
 @pytest.mark.parametrize("m,k,n,g,transpose_rhs", [
     (1000, 1000, 1016, 5, False),  # K % 64 != 0 -> 64-byte swizzle, no copy
     (200, 72, 136, 3, True),       # nothing aligned -> pads
-    (5, 64, 64, 1, False), (1001, 130, 30, 7, True),
+    (1001, 130, 30, 7, True),
 ])
 def test_export_odd_shapes(m, k, n, g, transpose_rhs):
   assert _export(m, k, n, g, transpose_rhs=transpose_rhs).out_avals[0].shape == (m, n)
@@ -170,6 +173,38 @@ def test_rejected_configs(config, field):
 def test_export_many_groups():
   """Past UNROLL_GROUPS the decoder is a loop in the kernel."""
   _export(4096, 512, 1024, 64)
+
+
+@pytest.mark.parametrize("m,p,q,g", [(16384, 2048, 16384, 16), (1001, 72, 136, 40)])
+def test_export_tgmm(m, p, q, g):
+  """The drhs kernel lowers (target shape; odd, padded shape with the decoder loop)."""
+  args = (jax.ShapeDtypeStruct((m, p), jnp.bfloat16), jax.ShapeDtypeStruct((m, q), jnp.bfloat16),
+          jax.ShapeDtypeStruct((g,), jnp.int32))
+  fn = jax.jit(lambda x, y, s: _run_tgmm(x, y, s, "bfloat16", interpret=False))
+  assert jax.export.export(fn, platforms=["cuda"])(*args).out_avals[0].shape == (g, p, q)
+
+
+def test_export_gradient():
+  """The whole backward (both kernels) lowers for CUDA."""
+  args = (jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16),
+          jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
+          jax.ShapeDtypeStruct((8,), jnp.int32))
+  fn = jax.jit(jax.grad(lambda a, b, s: jnp.sum(ragged_dot(
+      a, b, s, implementation="pallas").astype(jnp.float32)), (0, 1)))
+  exported = jax.export.export(fn, platforms=["cuda"])(*args)
+  assert exported.mlir_module().count("mosaic_gpu") >= 3
+
+
+@pytest.mark.parametrize("config,field", [
+    (TgmmConfig(tile_p=96), "tile_p"), (TgmmConfig(tile_q=384), "tile_q"),
+    (TgmmConfig(tile_r=32), "tile_r"), (TgmmConfig(stages=6), "stages"),
+])
+def test_rejected_tgmm_configs(config, field):
+  x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+  s = jax.ShapeDtypeStruct((2,), jnp.int32)
+  with pytest.raises(ValueError, match=rf"^TgmmConfig\.{field}="):
+    jax.eval_shape(lambda x, y, s: ragged_tgmm(
+        x, y, s, problem=TgmmProblem(m=256, p=256, q=256, groups=2), config=config), x, x, s)
 
 
 def test_empty_arrays_take_the_xla_path():
@@ -242,26 +277,48 @@ def test_interpret_transposed_rhs():
 
 
 @needs_transposes
-def test_interpret_gradient_matches_lax():
-  """custom_vjp: dlhs from the kernel (rhs layout flipped), drhs from XLA's ragged dot."""
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs-KN", "rhs-NK"])
+def test_interpret_gradient_matches_lax(transpose_rhs):
+  """custom_vjp: dlhs from ragged_gemm (rhs layout flipped), drhs from ragged_tgmm."""
   rng = np.random.default_rng(3)
   m, k, n = 150, 64, 128
-  sizes = jnp.asarray([40, 0, 90], jnp.int32)  # 20 tail rows: zero dlhs there
-  lhs, rhs = _random(rng, (m, k)), _random(rng, (3, k, n))
+  sizes = jnp.asarray([40, 0, 90], jnp.int32)  # 20 tail rows: zero dlhs; an empty group: zero drhs
+  lhs = _random(rng, (m, k))
+  rhs = _random(rng, (3, n, k) if transpose_rhs else (3, k, n))
   weights = _random(rng, (m, n), jnp.float32)
+  as_kn = (lambda b: jnp.swapaxes(b, 1, 2)) if transpose_rhs else (lambda b: b)
 
   def loss(fn):
     return lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * weights)
 
   ours = jax.grad(loss(lambda a, b: ragged_dot(
-      a, b, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))), (0, 1))(lhs, rhs)
+      a, b, sizes, transpose_rhs=transpose_rhs, implementation="interpret",
+      config=RaggedConfig(tile_n=128))), (0, 1))(lhs, rhs)
   want = jax.grad(loss(lambda a, b: lax.ragged_dot(
-      a.astype(jnp.float32), b.astype(jnp.float32), sizes)), (0, 1))(lhs, rhs)
+      a.astype(jnp.float32), as_kn(b).astype(jnp.float32), sizes)), (0, 1))(lhs, rhs)
   for got, ref in zip(ours, want):
-    assert got.dtype == jnp.bfloat16
+    assert got.dtype == jnp.bfloat16 and got.shape == ref.shape
     got = np.asarray(got.astype(jnp.float32), np.float64).reshape(-1, got.shape[-1])
     ref = np.asarray(ref, np.float64).reshape(-1, ref.shape[-1])
     _check(got, ref)
+
+
+@needs_transposes
+def test_interpret_tgmm_boundaries():
+  """ragged_tgmm alone: groups starting and ending inside 64-row chunks, empty groups,
+  a tail of rows in no group, odd P/Q (padded), several P and Q tiles."""
+  rng = np.random.default_rng(6)
+  m, p, q = 330, 200, 300
+  sizes = jnp.asarray([0, 70, 1, 0, 190, 40], jnp.int32)
+  x, y = _random(rng, (m, p)), _random(rng, (m, q))
+  out = _run_tgmm(x, y, sizes, "bfloat16", interpret=True)
+  dims = lax.RaggedDotDimensionNumbers(
+      dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+      rhs_group_dimensions=[])
+  ref = lax.ragged_dot_general(x.astype(jnp.float32), y.astype(jnp.float32), sizes, dims,
+                               precision=lax.Precision.HIGHEST)
+  assert out.shape == (6, p, q)
+  _check(np.asarray(out.astype(jnp.float32)).reshape(-1, q), np.asarray(ref).reshape(-1, q))
 
 
 # -- the XLA path -----------------------------------------------------------------

@@ -1,0 +1,266 @@
+"""Ragged-contracting grouped GEMM for Hopper: out[g] = x[rows_g]^T @ y[rows_g].
+
+The backward of `ragged_dot` w.r.t. rhs: x (M, P), y (M, Q) share their rows,
+grouped by `group_sizes` (G,); out (G, P, Q). Groups with no rows give zeros.
+
+Kernel (the structure of `ragged_gemm` / `hopper_gemm`):
+  - 3 warpgroups: a TMA producer and two cooperative consumers that split the
+    (tile_p, tile_q) output tile along Q (x's tile is the transposed, MN-major
+    WGMMA A operand, which cannot be split along its M).
+  - Persistent grid over (group, P tile, Q tile) items; each item's K loop runs
+    over the 64-row chunks its group touches (a dynamic trip count: the ring
+    slot is a step counter carried through the item loop, as in `ragged_gemm`).
+  - A chunk on a group boundary holds rows of other groups: each consumer
+    zeroes those rows of its half of the y tile in SMEM (iota mask in
+    registers, written back, `commit_smem` before the WGMMA reads it), so they
+    contribute nothing. (x's rows are not masked: a non-finite value in another
+    group's row of the same chunk would still reach this group as NaN.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_gemm import _compat
+from pallas_gemm import raster
+from pallas_gemm import smem
+from pallas_gemm.config import (INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
+                                SMEM_RESERVED_BYTES, tiles)
+from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, DEFAULT_NUM_SMS, MEMORY_REGISTERS
+from pallas_gemm.ragged_gemm import UNROLL_GROUPS
+
+
+@dataclasses.dataclass(frozen=True)
+class TgmmProblem:
+  m: int        # rows shared by x and y (the ragged contraction)
+  p: int
+  q: int
+  groups: int
+  dtype: str = "bfloat16"
+  out_dtype: str = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class TgmmConfig:
+  """tile_p x tile_q output tiles (split along Q between the consumers),
+  tile_r rows per pipeline stage, `stages` deep ring, 64x64 epilogue stores."""
+
+  tile_p: int = 128
+  tile_q: int = 256
+  tile_r: int = 64
+  stages: int = 4
+  raster: str = "along_n"
+  group: int = 8
+  num_sms: int | None = None
+
+  @property
+  def wg_tile(self) -> tuple[int, int]:
+    return self.tile_p, self.tile_q // 2
+
+  def smem_bytes(self, problem: TgmmProblem) -> int:
+    round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
+    b = np.dtype(problem.dtype).itemsize
+    ob = np.dtype(problem.out_dtype).itemsize
+    total = round_up(self.stages * self.tile_r * self.tile_p * b)
+    total += round_up(self.stages * self.tile_r * self.tile_q * b)
+    total += round_up(2 * 2 * 64 * 64 * ob)
+    return total + SMEM_RESERVED_BYTES
+
+  def validate(self, problem: TgmmProblem) -> None:
+    def fail(field, msg):
+      raise ValueError(f"TgmmConfig.{field}={getattr(self, field)!r}: {msg}")
+
+    if problem.dtype not in INPUT_DTYPES:
+      raise ValueError(f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}")
+    span = smem.swizzle_span(problem.dtype, 128)
+    if self.tile_p % span or not span <= self.tile_p <= 256:
+      fail("tile_p", f"must be a multiple of {span} and <= 256")
+    wm, wn = self.wg_tile
+    if self.tile_q % (2 * span) or wn > 256 or wm * wn > 128 * 128:
+      fail("tile_q", f"must be a multiple of {2 * span}, with a per-warpgroup accumulator of at most 128x128")
+    if self.tile_r % span:
+      fail("tile_r", f"must be a multiple of {span}")
+    if self.stages < 2:
+      fail("stages", "must be >= 2")
+    if self.raster not in raster.ORDERS:
+      fail("raster", f"must be one of {raster.ORDERS}")
+    need = self.smem_bytes(problem)
+    if need > SMEM_LIMIT_BYTES:
+      fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES}")
+
+
+def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
+  for stages in (4, 3, 2):
+    cfg = TgmmConfig(stages=stages)
+    if cfg.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
+      return cfg
+  return TgmmConfig(stages=2)
+
+
+def _group_rows(sizes_gmem, g, problem: TgmmProblem):
+  """[start, end) rows of group g (sizes clamped to >= 0, ends cut at m)."""
+  def body(i, start):
+    return start + jnp.where(i < g, jnp.maximum(sizes_gmem[i], 0), 0)
+
+  start = jnp.int32(0)
+  if problem.groups <= UNROLL_GROUPS:
+    for i in range(problem.groups):
+      start = body(i, start)
+  else:
+    start = lax.fori_loop(0, problem.groups, body, start)
+  size = jnp.maximum(sizes_gmem[g], 0)
+  return jnp.minimum(start, problem.m), jnp.minimum(start + size, problem.m)
+
+
+def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, out_swizzle):
+  cfg, prob = config, problem
+  tp, tq, tr = cfg.tile_p, cfg.tile_q, cfg.tile_r
+  wm, wn = cfg.wg_tile
+  em, en = 64, 64
+  stages, slots = cfg.stages, 2
+  in_dtype, out_dtype = x_gmem.dtype, out_gmem.dtype
+  tf = smem.tile_transforms(in_dtype, swizzle)
+  out_tf = smem.tile_transforms(out_dtype, out_swizzle)
+  p_tiles, q_tiles = tiles(prob.p, tp), tiles(prob.q, tq)
+  grid = (prob.groups * p_tiles * q_tiles,)
+  chunks_in_flight = (wm // em) * (wn // en)
+  in_flight = slots - 1 if chunks_in_flight % slots == 0 else 0
+
+  def position(index):
+    gp, qi = raster.tile_coords(index, prob.groups * p_tiles, q_tiles,
+                                group=cfg.group, order=cfg.raster)
+    g, pi = lax.div(gp, p_tiles), lax.rem(gp, p_tiles)
+    start, end = _group_rows(sizes_gmem, g, prob)
+    first = lax.div(start, tr)
+    count = jnp.where(end > start, lax.div(end + tr - 1, tr) - first, 0)
+    return g, pi, qi, start, end, first, count
+
+  def scoped(x_smem, y_smem, loaded, consumed, out_smem):
+    wg = lax.axis_index("wg")
+
+    def producer():
+      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
+      def steps(info, carry):
+        g, pi, qi, start, end, first, count = position(info.index[0])
+
+        @pl.loop(0, count)
+        def _(c):
+          step = carry + c
+          buf = lax.rem(step, stages)
+
+          @pl.when(step >= stages)
+          def _():
+            plgpu.barrier_wait(consumed.at[buf])
+
+          rows = pl.ds((first + c) * tr, tr)
+          plgpu.copy_gmem_to_smem(x_gmem.at[rows, pl.ds(pi * tp, tp)], x_smem.at[buf],
+                                  loaded.at[buf])
+          plgpu.copy_gmem_to_smem(y_gmem.at[rows, pl.ds(qi * tq, tq)], y_smem.at[buf],
+                                  loaded.at[buf])
+
+        return carry + count
+
+      @pl.loop(jnp.maximum(steps - stages, 0), steps)
+      def _(step):
+        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+
+    def consumer():
+      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+
+      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
+      def _(info, carry):
+        g, pi, qi, start, end, first, count = position(info.index[0])
+
+        @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
+        def _(acc):
+          @pl.loop(0, count)
+          def _(c):
+            buf = lax.rem(carry + c, stages)
+            plgpu.barrier_wait(loaded.at[buf])
+            y_half = y_smem.at[buf].at[:, pl.ds(wg * wn, wn)]
+            row0 = (first + c) * tr
+            lo, hi = start - row0, end - row0
+
+            @pl.when((lo > 0) | (hi < tr))  # a chunk on a group boundary
+            def _():
+              v = y_half[...]
+              r = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+              y_half[...] = jnp.where((r >= lo) & (r < hi), v, jnp.zeros_like(v))
+              plgpu.commit_smem()
+
+            plgpu.wgmma(acc, _compat.transpose_2d(x_smem.at[buf]), y_half)
+            plgpu.wgmma_wait(1)
+
+            @pl.when(c > 0)
+            def _():
+              plgpu.barrier_arrive(consumed.at[lax.rem(carry + c - 1, stages)])
+
+          result = acc[...]
+
+          @pl.when(count > 0)
+          def _():
+            plgpu.barrier_arrive(consumed.at[lax.rem(carry + count - 1, stages)])
+
+          col0 = qi * tq + wg * wn
+          for i in range(wm // em):
+            for j in range(wn // en):
+              buf = out_smem.at[wg, (i * (wn // en) + j) % slots]
+              plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+              buf[...] = result[i * em:(i + 1) * em, j * en:(j + 1) * en].astype(out_dtype)
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(
+                  buf, out_gmem.at[g, pl.ds(pi * tp + i * em, em), pl.ds(col0 + j * en, en)])
+
+        return carry + count
+
+      plgpu.wait_smem_to_gmem(0)
+
+    lax.cond(wg == 2, producer, consumer)
+
+  pl.run_scoped(
+      scoped,
+      x_smem=plgpu.SMEM((stages, tr, tp), in_dtype, transforms=tf),
+      y_smem=plgpu.SMEM((stages, tr, tq), in_dtype, transforms=tf),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
+      collective_axes="wg",
+  )
+
+
+def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, interpret=None):
+  """out[g] = x[rows_g]^T @ y[rows_g] on arrays laid out for TMA.
+
+  x: (rows, P') and y: (rows, Q') with P', Q' multiples of 64 (zero padding),
+  rows >= problem.m; returns (G, problem.p, problem.q) with p, q the padded
+  extents the caller slices.
+  """
+  config.validate(problem)
+  swizzle = smem.widest_swizzle(x.dtype, 64, x.shape[-1], y.shape[-1])
+  if swizzle != 128:
+    raise ValueError(f"x {x.shape} and y {y.shape} need minor dims that are multiples of 64")
+  out_swizzle = smem.widest_swizzle(problem.out_dtype, 64, problem.q)
+  num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
+  kernel = plgpu.kernel(
+      functools.partial(_kernel, problem=problem, config=config, swizzle=swizzle,
+                        out_swizzle=out_swizzle),
+      out_type=jax.ShapeDtypeStruct((problem.groups, problem.p, problem.q),
+                                    jnp.dtype(problem.out_dtype)),
+      grid=(num_sms,),
+      grid_names=("sm",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=_compat.compiler_params(),
+      interpret=interpret,
+  )
+  return kernel(group_sizes.astype(jnp.int32), x, y)
