@@ -14,6 +14,8 @@ One device call does everything:
    draws them), CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), median
    over all rounds' iterations, no L2 flush. Families `name[i]` (config
    variants) run once each in round 0; only the fastest goes on.
+   Then the backward (dlhs + drhs through ragged_dot's custom_vjp: both our
+   kernels) against XLA's ragged_dot gradient, unless --no-grad.
 3. Device, jax version and method printed first; the table last.
 
 Shapes are MxNxK. Without a GPU it runs one small case in interpret mode
@@ -106,8 +108,23 @@ def jax_mgpu_fns(m, n, k, transpose_rhs):
   return fns
 
 
+def grad_fn(fn):
+  """(dlhs, drhs) of sum(out * w) for a fixed cotangent w = 1/sqrt(K)-scaled N(0,1)."""
+  def f(lhs, rhs, sizes):
+    w = jax.random.normal(jax.random.key(7), (lhs.shape[0], rhs.shape[1] if rhs.shape[2] == lhs.shape[1]
+                                                              else rhs.shape[2]), jnp.float32)
+    return jax.grad(lambda a, b: jnp.sum(fn(a, b, sizes).astype(jnp.float32) * w), (0, 1))(lhs, rhs)
+  return jax.jit(f)
+
+
+def _flat(x):
+  if isinstance(x, (tuple, list)):
+    return jnp.concatenate([jnp.ravel(jnp.asarray(v, jnp.float32)) for v in x])
+  return jnp.asarray(x, jnp.float32)
+
+
 def rel_error(out, ref) -> float:
-  out, ref = jnp.asarray(out, jnp.float32), jnp.asarray(ref, jnp.float32)
+  out, ref = _flat(out), _flat(ref)
   return float(jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30))
 
 
@@ -132,14 +149,20 @@ def check(log=print) -> bool:
   return ok
 
 
-def run_case(m, n, k, groups, transpose_rhs, *, rounds, iterations, log=print):
+def run_case(m, n, k, groups, transpose_rhs, *, rounds, iterations, grad=False, log=print):
+  """Forward (all contenders) or, with `grad`, the backward (dlhs + drhs: our two
+  kernels via ragged_dot's custom_vjp vs XLA's ragged_dot transpose rules)."""
   lhs, rhs, sizes = make_inputs(m, n, k, groups, transpose_rhs)
-  label = f"{m}x{n}x{k} G={groups} bf16 rhs={'NK' if transpose_rhs else 'KN'}"
+  label = (f"{m}x{n}x{k} G={groups} bf16 rhs={'NK' if transpose_rhs else 'KN'}"
+           + (" backward" if grad else ""))
   log(f"{label}: group sizes {np.asarray(sizes).tolist()}")
-  fns = {"pallas_gemm": pallas_fn(transpose_rhs),
-         **{f"pallas_best[{i}]": pallas_fn(transpose_rhs, c) for i, c in enumerate(PALLAS_CONFIGS)},
-         **jax_mgpu_fns(m, n, k, transpose_rhs),
-         "xla": xla_fn(transpose_rhs)}
+  if grad:
+    fns = {"pallas_gemm": grad_fn(pallas_fn(transpose_rhs)), "xla": grad_fn(xla_fn(transpose_rhs))}
+  else:
+    fns = {"pallas_gemm": pallas_fn(transpose_rhs),
+           **{f"pallas_best[{i}]": pallas_fn(transpose_rhs, c) for i, c in enumerate(PALLAS_CONFIGS)},
+           **jax_mgpu_fns(m, n, k, transpose_rhs),
+           "xla": xla_fn(transpose_rhs)}
   ref = fns["xla"](lhs, rhs, sizes)
   errors = {}
   for name, fn in list(fns.items()):
@@ -152,7 +175,7 @@ def run_case(m, n, k, groups, transpose_rhs, *, rounds, iterations, log=print):
       errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
       del fns[name]
   samples = {name: [] for name in fns}
-  flops = 2 * m * n * k
+  flops = 2 * m * n * k * (2 if grad else 1)
   for r in range(rounds):
     for name, fn in list(fns.items()):
       samples[name] += cupti_times_ms(fn, (lhs, rhs, sizes), iterations)
@@ -211,6 +234,7 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--no-check", action="store_true", help="skip the correctness pass")
+  parser.add_argument("--no-grad", action="store_true", help="skip the backward timing")
   parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for ragged_dot.json")
   args = parser.parse_args(argv)
   env = environment()
@@ -226,8 +250,9 @@ def main(argv=None):
   rows = []
   for m, n, k in parse_shapes(args.shapes):
     for layout in args.layouts.split(","):
-      rows += run_case(m, n, k, args.groups, layout == "T", rounds=args.rounds,
-                       iterations=args.iterations)
+      for grad in (False,) if args.no_grad else (False, True):
+        rows += run_case(m, n, k, args.groups, layout == "T", rounds=args.rounds,
+                         iterations=args.iterations, grad=grad)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ragged_dot.json"), "w") as f:
