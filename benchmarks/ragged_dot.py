@@ -69,6 +69,12 @@ CHECK_CASES = (
 )
 
 
+GRAD_CHECK_CASES = (
+    (1000, 1016, 1000, (300, 0, 0, 511, 150), False),           # 39 tail rows, an empty group
+    (4096, 2048, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), True),
+)
+
+
 def random_group_sizes(key, groups: int, m: int):
   """jax's benchmark distribution: sorted uniform cut points in [0, m)."""
   cuts = jnp.sort(jax.random.randint(key, (groups - 1,), 0, m, jnp.int32))
@@ -146,6 +152,19 @@ def check(log=print) -> bool:
     ok &= good
     log(f"check {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err {err:.2e} "
         f"tail-zero={tail_ok} nan={nan} -> {'ok' if good else 'FAIL'}")
+  for m, n, k, sizes, t in GRAD_CHECK_CASES:  # both backward kernels through the custom_vjp
+    lhs, rhs, _ = make_inputs(m, n, k, len(sizes), t, seed=m + n + k + 1)
+    sizes = jnp.asarray(sizes, jnp.int32)
+    f32 = lambda lhs, rhs, s: lax.ragged_dot(
+        lhs.astype(jnp.float32), (jnp.swapaxes(rhs, 1, 2) if t else rhs).astype(jnp.float32), s,
+        precision=lax.Precision.HIGHEST)
+    want = grad_fn(f32)(lhs, rhs, sizes)
+    got = grad_fn(pallas_fn(t))(lhs, rhs, sizes)
+    errs = [rel_error(g, w) for g, w in zip(got, want)]
+    good = max(errs) < 8e-3 and not any(bool(jnp.any(jnp.isnan(g.astype(jnp.float32)))) for g in got)
+    ok &= good
+    log(f"check grad {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err dlhs "
+        f"{errs[0]:.2e} drhs {errs[1]:.2e} -> {'ok' if good else 'FAIL'}")
   return ok
 
 

@@ -342,3 +342,13 @@ def test_xla_path_accepts_f32_and_other_int_sizes():
   lhs, rhs = _random(rng, (10, 8), jnp.float32), _random(rng, (2, 8, 3), jnp.float32)
   out = ragged_dot(lhs, rhs, np.array([4, 6], np.int64), implementation="xla")
   _check(out, _reference(lhs, rhs, jnp.array([4, 6], jnp.int32), False))
+
+
+# -- on a Hopper GPU (skipped elsewhere) ------------------------------------------
+@pytest.mark.gpu
+def test_device_checks():
+  """benchmarks.ragged_dot's device pass: forward and backward cases that the
+  interpreter cannot check (TMA row-ladder stores, edge clipping, masking)."""
+  from benchmarks import ragged_dot as bench
+
+  assert bench.check()
