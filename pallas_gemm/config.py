@@ -225,7 +225,8 @@ def _validate_dtypes(problem: GemmProblem) -> None:
   a, b = problem.dtype, problem.dtype_b
   for name, dtype in (("dtype", a), ("b_dtype", b)):
     if dtype not in KERNEL_INPUT_DTYPES:
-      raise ValueError(f"GemmProblem.{name}={dtype!r}: not supported; use one of {KERNEL_INPUT_DTYPES}")
+      raise ValueError(f"GemmProblem.{name}={dtype!r}: input dtype {dtype} not supported; "
+                       f"use one of {KERNEL_INPUT_DTYPES}")
   if a != b:
     if a not in FP8_DTYPES or b not in FP8_DTYPES:
       raise ValueError(f"GemmProblem.b_dtype={b!r}: A is {a}; only fp8 operands may differ "
@@ -235,8 +236,9 @@ def _validate_dtypes(problem: GemmProblem) -> None:
                        f"(this is {'.'.join(map(str, _compat.JAX_VERSION))})")
   if a in K_MAJOR_DTYPES and (problem.transpose_a or not problem.transpose_b):
     raise ValueError(f"GemmProblem.transpose_a={problem.transpose_a}, transpose_b="
-                     f"{problem.transpose_b}: {a} operands must be K-major in the kernel "
-                     "(A stored (M, K), B stored (N, K): transpose_a=False, transpose_b=True)")
+                     f"{problem.transpose_b}: input dtype {a} not supported in this layout; "
+                     f"{a} operands must be K-major in the kernel (A stored (M, K), B stored "
+                     "(N, K): transpose_a=False, transpose_b=True); matmul transposes others")
   if problem.out_dtype not in KERNEL_OUTPUT_DTYPES:
     raise ValueError(f"GemmProblem.out_dtype={problem.out_dtype!r}: not supported; use one of "
                      f"{KERNEL_OUTPUT_DTYPES}")

@@ -13,6 +13,8 @@ swizzle span too), and the narrowing to a swizzle both operands share.
 64
 >>> operand_spec("float8_e4m3fn", (128, 128), "K", 4096).swizzle
 128
+>>> widest_swizzle(jnp.bfloat16, 8, 4096) is None   # 16 bytes: below every swizzle
+True
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ def operand_spec(dtype, tile_shape, major: str, *array_minors: int, swizzle: int
   are the minor extents of the GMEM arrays copied into this tile. Returns None
   if no swizzle is legal. `swizzle` forces one width (None: widest legal).
   """
-  widest = layouts.gmma_smem_spec(_name(dtype), tuple(tile_shape), major).swizzle
+  try:
+    widest = layouts.gmma_smem_spec(_name(dtype), tuple(tile_shape), major).swizzle
+  except ValueError:  # e.g. a contiguous extent below 32 bytes: no swizzle at all
+    return None
   for width in SWIZZLE_BYTES:
     if width > widest or (swizzle is not None and width != swizzle):
       continue
