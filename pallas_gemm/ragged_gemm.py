@@ -19,10 +19,11 @@ Kernel (shares its structure and helpers with `hopper_gemm`):
   - Boundary handling: each consumer warpgroup clips the item's row range
     [lo, hi) to its own 64 rows. All rows valid: the dense kernel's epilogue
     (swizzled, double-buffered SMEM slots, TMA stores). No rows valid: no store.
-    Some rows valid: the sub-tile goes to an unswizzled SMEM staging buffer and
-    is stored with a ladder of power-of-two row counts (64, 32, ..., 1), each a
-    TMA store whose box is static (TMA boxes cannot be dynamic), as jax's
-    `ragged_dot_mgpu` does; rows of the other group are never written.
+    Some rows valid: the sub-tile goes to a staging buffer without explicit
+    transforms (Mosaic infers a row tiling of 1, so any row may start a slice)
+    and is stored with a ladder of power-of-two row counts (32, 16, ..., 1),
+    each a TMA store whose box is static (TMA boxes cannot be dynamic), as
+    jax's `ragged_dot_mgpu` does; rows of the other group are never written.
   - The ring slot of a stage is a running step counter carried through the
     item loop (items without a K loop consume no stages).
 
@@ -100,8 +101,8 @@ class RaggedConfig:
     raster, group: work-item order (see `raster.tile_coords`); `group` is the
       band width in (group, M tile) items.
     epilogue_tile: (rows, cols) of one epilogue store; rows must be 64. Two
-      swizzled slots per warpgroup plus one unswizzled staging buffer for
-      boundary rows, so (64, 32) is what fits next to 4 stages of 128x256x64.
+      swizzled slots per warpgroup plus one staging buffer for boundary rows,
+      so (64, 32) is what fits next to 4 stages of 128x256x64 (bf16 out).
     num_sms: persistent grid size; None means the device's SM count.
   """
 
@@ -381,8 +382,8 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
           stage[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           cols = pl.ds(ni * tn + j * en, en)
-          start, rows = lo, hi - lo
-          size = LADDER_MAX_ROWS
+          start, rows = lo, hi - lo  # 1 <= rows < 64 here (64 rows is the full path)
+          size = LADDER_MAX_ROWS // 2
           while size >= 1:
             this = size
 
