@@ -1,40 +1,46 @@
 """`matmul`, differentiable in reverse mode: a `jax.custom_vjp` around the kernel.
 
-    y = act(alpha * op(a) @ op(b) + beta * c + bias)
+    y = clamp(act(alpha * op(a) @ op(b) + beta * c + bias + row_bias) + residual)
 
-Forward under differentiation: without an activation it is the kernel with
-the whole epilogue fused, and the residuals are the inputs (a for dB, b for
-dA, only those a requested gradient needs). With an activation, the kernel
-writes the pre-activation `pre = alpha * op(a) @ op(b) + beta * c + bias`
-(bias and c still fused) in `out_dtype`, XLA applies the activation (one
-elementwise pass), and `pre` is saved beside the inputs: the derivative of
-gelu or silu cannot be had from their output.
+Forward under differentiation. An affine epilogue (no activation, no clamp)
+is the kernel with everything fused, and the residuals are inputs only: `a`
+(for dB) and `b` (for dA), each saved only if that gradient was requested.
+With an activation or a clamp, the kernel writes the affine part
+`pre = alpha * op(a) @ op(b) + beta * c + bias + row_bias` (c and biases
+still fused) in `out_dtype`, XLA applies the rest (one elementwise pass), and
+`pre` is saved beside the inputs (plus `residual` when there is a clamp):
+the derivative of gelu or silu cannot be had from their output.
 
 Backward (`g` = cotangent of y):
-  dPre = g * act'(pre)       XLA, one elementwise pass (the kernel has no prologue
-                             to fuse it into), cast to the operand dtype in the
-                             same pass; skipped without activation when g already
-                             has the operand dtype.
-  d op(a) = alpha * dPre @ op(b)^T,  d op(b) = alpha * op(a)^T @ dPre
-                             the same kernel, with transpose flags instead of
-                             transposed copies (NN forward: dA is an NT problem,
-                             dB a TN one), alpha fused, f32 accumulation, output in
-                             the operand dtype whatever `out_dtype` was.
-  dbias = sum of dPre over rows, dc = beta * dPre (summed over batch if c was 2-D)
-                             XLA reductions of the f32 dPre.
+  dPre = g * act'(pre) * [lo < y < hi]
+                 XLA, one elementwise pass (the kernel has no prologue to fuse
+                 it into), which also casts to the operand dtype; no pass at
+                 all for an affine epilogue when g has the operand dtype.
+  dA, dB         the same kernel with transpose flags instead of transposed
+                 copies: d op(a) = alpha * dPre @ op(b)^T is an NT problem for
+                 an NN forward, d op(b) = alpha * op(a)^T @ dPre a TN one; alpha
+                 fused, f32 accumulation, output in the operand dtype whatever
+                 `out_dtype` was (bf16 operands: bf16 GEMMs even after an f32
+                 forward output).
+  dbias, drow_bias, dc = beta * dPre, dresidual
+                 XLA reductions of the f32 dPre (or of g) over what each
+                 broadcast over.
 A shared 2-D operand's gradient folds the batch into the contraction where
 the layout allows (dB of an untransposed A) and otherwise sums an f32
 batched GEMM.
 
 Gradients nobody asked for are skipped (`symbolic_zeros=True`): frozen
-weights cost no dB GEMM, inputs no dA. jax does not allow `optimize_remat`
-together with `symbolic_zeros`; it is not needed here, since the residuals
-are inputs (or `pre`, which the kernel computes alone), so under
-`jax.checkpoint` a forward kernel whose output the backward does not need is
-removed like any other unused value (tests/test_autodiff.py counts them).
+weights cost no dB GEMM, inputs no dA. jax refuses `optimize_remat=True`
+together with `symbolic_zeros` ("remat optimization for custom_vjp does not
+support symbolic zeros"); it is not needed here: the residuals are inputs,
+or `pre`, which the kernel computes alone, so under `jax.checkpoint` the
+backward recomputes `pre` and nothing else (tests/test_autodiff.py counts
+the kernels).
 
-Forward mode (`jax.jvp`, `jacfwd`) is not supported: jax raises
-"can't apply forward-mode autodiff (jvp) to a custom_vjp function".
+Not differentiable: fp8 operands or outputs (raises NotImplementedError;
+fp8 training needs scaled e5m2 gradients), and forward mode (`jax.jvp`,
+`jacfwd`): jax raises "can't apply forward-mode autodiff (jvp) to a
+custom_vjp function".
 
 >>> import jax, jax.numpy as jnp
 >>> a = jnp.ones((4, 3), jnp.bfloat16); b = jnp.ones((3, 2), jnp.bfloat16)
@@ -57,19 +63,19 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
-from pallas_gemm.config import GemmConfig
+from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.matmul import IMPLEMENTATIONS
 
 
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
-           implementation: str | None = None):
-  """Computes `act(alpha * op(a) @ op(b) + beta * c + bias)`, differentiably.
+           implementation: str | None = None, autotune: bool | None = None,
+           row_bias=None, residual=None, clamp=None, out_scale=None):
+  """`pallas_gemm.matmul.matmul` (the kernel entry; same arguments, same result), differentiable.
 
-  Same arguments and result as `pallas_gemm.matmul.matmul` (the kernel entry),
-  plus: reverse-mode gradients for a, b, bias and c (see the module doc),
-  vmap onto the kernel's batch dimension, sharded operands (`sharding.gemm`),
-  and f32 operands with `implementation="xla"`.
+  Adds reverse-mode gradients for a, b, bias, c, row_bias and residual (see
+  the module doc), vmap onto the kernel's batch dimension (`batching`), and
+  operands sharded over Explicit mesh axes (`sharding`).
 
   >>> import jax.numpy as jnp
   >>> a = jnp.ones((2, 3), jnp.bfloat16); b = jnp.ones((2, 4), jnp.bfloat16)
@@ -82,23 +88,26 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
+  if c is None and beta != 0.0:
+    raise ValueError(f"beta={beta} needs c")
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
+  if out_dtype is None:
+    out_dtype = jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype
   call = GemmCall(
-      out_dtype=jnp.dtype(out_dtype or a.dtype).name, implementation=implementation,
+      out_dtype=jnp.dtype(out_dtype).name, implementation=implementation,
       transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
-      alpha=float(alpha), beta=float(beta), config=config)
-  if c is not None and beta == 0.0:
+      alpha=float(alpha), beta=float(beta), clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
+      out_scale=out_scale, config=config, autotune=autotune)
+  if beta == 0.0:
     c = None  # never read (BLAS convention), so its gradient is zero
-  elif c is None and beta != 0.0:
-    raise ValueError(f"beta={beta} needs c")
-  return _matmul(call, a, b, bias, c)
+  return _matmul(call, a, b, bias, c, row_bias, residual)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _matmul(call, a, b, bias, c):
-  return sharding.gemm(call, a, b, bias, c)
+def _matmul(call, a, b, bias, c, row_bias, residual):
+  return sharding.gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,44 +132,62 @@ class _Wanted:
   b: _Grad | None
   bias: _Grad | None
   c: _Grad | None
+  row_bias: _Grad | None
+  residual: _Grad | None
   operand_dtype: str
 
 
-def _fwd(call, a, b, bias, c):
-  grads = (_Grad.of(x.value) if x is not None and x.perturbed else None
-           for x in (a, b, bias, c))
-  a, b, bias, c = (None if x is None else x.value for x in (a, b, bias, c))
+def _fwd(call, *primals):
+  grads = (_Grad.of(x.value) if x is not None and x.perturbed else None for x in primals)
+  a, b, bias, c, row_bias, residual = (None if x is None else x.value for x in primals)
+  if {a.dtype.name, b.dtype.name, call.out_dtype}.intersection(FP8_DTYPES):
+    raise NotImplementedError(
+        f"pallas_gemm.matmul is not differentiable with fp8 operands or outputs "
+        f"({a.dtype} x {b.dtype} -> {call.out_dtype}): fp8 training needs scaled e5m2 "
+        f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM")
   wanted = _Wanted(*grads, operand_dtype=a.dtype.name)
-  if call.activation is None:
-    y, pre = sharding.gemm(call, a, b, bias, c), None
+  extras = dict(bias=bias, c=c, row_bias=row_bias)
+  if call.nonlinear:
+    pre = sharding.gemm(call.affine(), a, b, **extras)
+    y = _tail(call, pre, residual).astype(call.out_dtype)
   else:
-    pre = sharding.gemm(dataclasses.replace(call, activation=None), a, b, bias, c)
-    y = _activate(call.activation, pre).astype(call.out_dtype)
-  return y, (a if wanted.b else None, b if wanted.a else None, pre, wanted)
+    pre, y = None, sharding.gemm(call, a, b, residual=residual, **extras)
+  saved = (a if wanted.b else None, b if wanted.a else None, pre,
+           residual if call.clamp is not None else None)
+  return y, (*saved, wanted)
 
 
-def _bwd(call, residuals, g):
-  a, b, pre, wanted = residuals
+def _bwd(call, saved, g):
+  a, b, pre, residual, wanted = saved
   if isinstance(g, SymbolicZero):
-    return None, None, None, None
+    return (None,) * 6
   if pre is None:
-    dpre = g
+    d_affine = d_residual = g
   else:
-    dpre = jax.vjp(functools.partial(_activate, call.activation), pre)[1](
-        g.astype(jnp.float32))[0]
-  d_acc = dpre.astype(wanted.operand_dtype)
-  da = wanted.a and _grad_a(call, d_acc, b, wanted.a)
-  db = wanted.b and _grad_b(call, d_acc, a, wanted.b)
-  dbias = wanted.bias and _sum_to(dpre, wanted.bias)
-  dc = wanted.c and _sum_to(call.beta * dpre.astype(jnp.float32), wanted.c)
-  return da, db, dbias, dc
+    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
+    d_affine, d_residual = tail_vjp(g.astype(jnp.float32))
+    d_residual = g if residual is None else d_residual
+  d_acc = d_affine.astype(wanted.operand_dtype)
+  rows = tuple(range(d_affine.ndim - 2))
+  return (
+      wanted.a and _grad_a(call, d_acc, b, wanted.a),
+      wanted.b and _grad_b(call, d_acc, a, wanted.b),
+      wanted.bias and _cast(jnp.sum(d_affine, axis=(*rows, -2), dtype=jnp.float32), wanted.bias),
+      wanted.c and _cast(call.beta * _sum_leading(d_affine, wanted.c), wanted.c),
+      wanted.row_bias and _cast(jnp.sum(d_affine, axis=(*rows, -1), dtype=jnp.float32),
+                                wanted.row_bias),
+      wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
+  )
 
 
 _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
-def _activate(name, x):
-  return epilogue_lib.ACTIVATIONS[name](x.astype(jnp.float32))
+def _tail(call, pre, residual):
+  """The epilogue after the affine part, in f32: clamp(act(pre) + residual)."""
+  lo, hi = call.clamp or (None, None)
+  spec = epilogue_lib.EpilogueSpec(activation=call.activation, clamp_lo=lo, clamp_hi=hi)
+  return epilogue_lib.apply(spec, pre, residual=residual)
 
 
 def _grad_a(call, d_acc, b, grad):
@@ -180,7 +207,8 @@ def _grad_b(call, d_acc, a, grad):
 def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
   """alpha * op(x) @ op(y) as `grad` wants it, summed over batch dims it lacks."""
   linear = GemmCall(out_dtype=grad.dtype, implementation=call.implementation,
-                    transpose_a=transpose_x, transpose_b=transpose_y, alpha=call.alpha)
+                    transpose_a=transpose_x, transpose_b=transpose_y, alpha=call.alpha,
+                    autotune=call.autotune)
   batch = x.shape[:-2] or y.shape[:-2]
   if batch == grad.shape[:-2]:
     out = sharding.gemm(linear, x, y)
@@ -188,12 +216,15 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
     # The contracting dim is second-minor in both: the batch folds into it.
     out = sharding.gemm(linear, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
   else:
-    out = sharding.gemm(dataclasses.replace(linear, out_dtype="float32"), x, y)
-    out = _sum_to(out, grad)
-  return sharding.reshard(out, grad.spec)
+    out = _sum_leading(sharding.gemm(linear.product(), x, y), grad)
+  return _cast(out, grad)
 
 
-def _sum_to(x, grad):
-  """`x` summed over its leading dims down to `grad`'s shape, in grad's dtype and sharding."""
-  x = x.sum(axis=tuple(range(x.ndim - len(grad.shape))), dtype=jnp.float32)
+def _sum_leading(x, grad):
+  """`x` summed in f32 over the leading dims that `grad`'s shape lacks."""
+  return jnp.sum(x, axis=tuple(range(x.ndim - len(grad.shape))), dtype=jnp.float32)
+
+
+def _cast(x, grad):
+  """`x` in the dtype and sharding `grad` wants."""
   return sharding.reshard(x.astype(grad.dtype), grad.spec)

@@ -3,12 +3,8 @@
 `gemm` runs the kernel module's `matmul` and gives it a vmap rule: vmapped
 dimensions become the kernel's own batch dimension (instead of the kernel's
 generic rule, which multiplies the persistent grid), and a shared operand
-stays 2-D so that its batch folds into M.
-
-The "xla" implementation is an einsum with f32 accumulation followed by the
-kernel's own epilogue function; it also takes f32 operands (at HIGHEST
-precision), which keeps numerical gradient checks and f32 Flax layers on
-this code path. The kernel takes bf16 and f16 only.
+stays 2-D so that its batch folds into M. A vmapped bias or row bias does
+not fit the kernel's single row; its epilogue then runs in XLA.
 
 >>> import jax, jax.numpy as jnp
 >>> call = GemmCall(out_dtype="float32", implementation="xla")
@@ -22,15 +18,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 
 from pallas_gemm import epilogue as epilogue_lib
-from pallas_gemm.config import GemmConfig, INPUT_DTYPES
+from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.matmul import matmul as kernel_matmul
-
-FLOAT_DTYPES = (*INPUT_DTYPES, "float32")
-"""Operand dtypes of the "xla" implementation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +30,7 @@ class GemmCall:
   """Everything static about one GEMM (hashable; the arrays come separately).
 
   Attributes mirror `pallas_gemm.matmul`'s keyword arguments; `out_dtype` is
-  a dtype name and `implementation` is resolved ("pallas", "interpret", "xla").
+  a dtype name, `implementation` is resolved ("pallas", "interpret", "xla").
   """
 
   out_dtype: str
@@ -48,85 +40,89 @@ class GemmCall:
   activation: str | None = None
   alpha: float = 1.0
   beta: float = 0.0
+  clamp: tuple[float | None, float | None] | None = None
+  out_scale: float | None = None
   config: GemmConfig | None = None
+  autotune: bool | None = None
 
   @property
-  def epilogue(self) -> epilogue_lib.EpilogueSpec:
-    return epilogue_lib.EpilogueSpec(self.activation, self.alpha, self.beta)
+  def nonlinear(self) -> bool:
+    """Whether the epilogue has a part after the affine one (activation or clamp)."""
+    return self.activation is not None or self.clamp is not None
 
-  def linear(self, out_dtype: str = "float32") -> GemmCall:
-    """The same GEMM without the nonlinear part of the epilogue (alpha kept)."""
-    return dataclasses.replace(self, activation=None, beta=0.0, out_dtype=out_dtype)
+  def affine(self, out_dtype: str | None = None) -> GemmCall:
+    """This GEMM up to the activation: alpha * op(a) @ op(b) + beta * c + biases."""
+    return dataclasses.replace(self, activation=None, clamp=None, out_scale=None,
+                               out_dtype=out_dtype or self.out_dtype)
+
+  def product(self) -> GemmCall:
+    """alpha * op(a) @ op(b) alone, in f32."""
+    return dataclasses.replace(self.affine("float32"), beta=0.0)
 
 
-def gemm(call: GemmCall, a, b, bias=None, c=None):
-  """`act(alpha * op(a) @ op(b) + beta * c + bias)` as `call` describes it."""
-  return _vmappable(call)(a, b, bias, c)
+def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None):
+  """What `pallas_gemm.matmul.matmul` computes for `call` and these arrays."""
+  return _vmappable(call)(a, b, bias, c, row_bias, residual)
 
 
-def finish_epilogue(call: GemmCall, acc, bias=None, c=None):
-  """Applies `call`'s epilogue, minus alpha, to an f32 `alpha * op(a) @ op(b)`, in XLA."""
-  spec = epilogue_lib.EpilogueSpec(call.activation, 1.0, call.beta)
-  return epilogue_lib.apply(spec, acc, c=c, bias=bias).astype(call.out_dtype)
+def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, residual=None):
+  """`call`'s epilogue after alpha, in XLA, on an f32 `alpha * op(a) @ op(b)`.
+
+  Biases, c and residual must broadcast against `acc` (row_bias as (..., M, 1)).
+  """
+  saturate = float(jnp.finfo(call.out_dtype).max) if call.out_dtype in FP8_DTYPES else None
+  lo, hi = call.clamp or (None, None)
+  spec = epilogue_lib.EpilogueSpec(
+      activation=call.activation, beta=call.beta, clamp_lo=lo, clamp_hi=hi,
+      out_scale=1.0 if call.out_scale is None else call.out_scale, saturate=saturate)
+  y = epilogue_lib.apply(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual)
+  return y.astype(call.out_dtype)
 
 
 def _vmappable(call):
   @jax.custom_batching.custom_vmap
-  def run(a, b, bias, c):
-    return _run(call, a, b, bias, c)
+  def run(a, b, bias, c, row_bias, residual):
+    return _run(call, a, b, bias, c, row_bias, residual)
 
   @run.def_vmap
-  def rule(axis_size, in_batched, a, b, bias, c):
-    return _batched(call, axis_size, in_batched, a, b, bias, c), True
+  def rule(axis_size, in_batched, *args):
+    return _batched(call, axis_size, in_batched, *args), True
 
   return run
 
 
-def _run(call, a, b, bias, c):
-  if call.implementation == "xla":
-    return _xla(call, a, b, bias, c)
+def _run(call, a, b, bias, c, row_bias, residual):
+  if call.implementation == "xla" and call.transpose_a and a.ndim == 2 and b.ndim > 2:
+    # XLA:CPU cannot run this dot in bf16 with an f32 result ("Unsupported element
+    # type for DotThunk"); with A broadcast to B's batch it can.
+    a = jnp.broadcast_to(a, (*b.shape[:-2], *a.shape))
   return kernel_matmul(
       a, b, transpose_a=call.transpose_a, transpose_b=call.transpose_b, bias=bias,
       activation=call.activation, c=c, alpha=call.alpha, beta=call.beta,
-      out_dtype=call.out_dtype, config=call.config, implementation=call.implementation)
+      out_dtype=call.out_dtype, config=call.config, implementation=call.implementation,
+      autotune=call.autotune, row_bias=row_bias, residual=residual, clamp=call.clamp,
+      out_scale=call.out_scale)
 
 
-def _xla(call, a, b, bias, c):
-  """The XLA implementation: an f32-accumulating einsum and the same epilogue function.
-
-  (An einsum rather than matmul of swapped axes: XLA:CPU cannot run a bf16 dot
-  with f32 output whose 2-D lhs contracts its major dim against a batched rhs.)
-  """
-  if a.dtype != b.dtype or a.dtype.name not in FLOAT_DTYPES:
-    raise TypeError(f"a and b must have the same dtype, one of {FLOAT_DTYPES}; "
-                    f"got {a.dtype} and {b.dtype}")
-  lhs = "...km" if call.transpose_a else "...mk"
-  rhs = "...nk" if call.transpose_b else "...kn"
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  acc = jnp.einsum(f"{lhs},{rhs}->...mn", a, b, precision=precision,
-                   preferred_element_type=jnp.float32)
-  return epilogue_lib.apply(call.epilogue, acc, c=c, bias=bias).astype(call.out_dtype)
-
-
-def _batched(call, size, in_batched, a, b, bias, c):
-  """The vmap rule: batched operands carry the vmapped dim first (custom_vmap's convention)."""
-  a_batched, b_batched, bias_batched, c_batched = in_batched
+def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
+  """The vmap rule: batched arrays carry the vmapped dim first (custom_vmap's convention)."""
+  a_batched, b_batched, bias_batched, c_batched, row_bias_batched, residual_batched = in_batched
   # The kernel wants equal batch dims on A and B, or one of them 2-D.
-  per_example = (a.shape[a_batched:-2] or b.shape[b_batched:-2])
-  batch = (size, *per_example)
-  if a_batched or a.ndim > 2:
-    a = _broadcast_batch(a, a_batched, batch)
-  if b_batched or b.ndim > 2:
-    b = _broadcast_batch(b, b_batched, batch)
-  if c is not None and (c_batched or c.ndim > 2):
-    c = _broadcast_batch(c, c_batched, batch)
-  if not bias_batched:
-    return gemm(call, a, b, bias, c)
-  # The kernel's bias is one row: a per-example bias is added in XLA, after an f32 GEMM.
-  linear = dataclasses.replace(call.linear(), beta=call.beta)
-  acc = gemm(linear, a, b, None, c)
-  bias = bias.reshape(size, *(1,) * (acc.ndim - 2), bias.shape[-1])
-  return finish_epilogue(dataclasses.replace(call, beta=0.0), acc, bias=bias)
+  batch = (size, *(a.shape[a_batched:-2] or b.shape[b_batched:-2]))
+  a, b, c, residual = (
+      _broadcast_batch(x, batched, batch) if x is not None and (batched or x.ndim > 2) else x
+      for x, batched in ((a, a_batched), (b, b_batched), (c, c_batched),
+                         (residual, residual_batched)))
+  if not (bias_batched or row_bias_batched):
+    return gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual)
+  # The kernel's biases are single rows: the epilogue of per-example biases runs in XLA.
+  acc = gemm(call.product(), a, b)  # (size, *batch, M, N)
+  ones = (1,) * (acc.ndim - 3)
+  if bias is not None and bias_batched:
+    bias = bias.reshape(size, *ones, 1, -1)
+  if row_bias is not None:
+    row_bias = row_bias.reshape(*((size, *ones) if row_bias_batched else ()), -1, 1)
+  return finish_epilogue(call, acc, bias=bias, c=c, row_bias=row_bias, residual=residual)
 
 
 def _broadcast_batch(x, batched, batch):

@@ -11,9 +11,9 @@ shard the contracting dimension:
   sharded); an operand sharded otherwise is resharded first, and a mesh axis
   claimed by two roles keeps the first (batch, M, N, K).
 
-With a sharded K the epilogue (bias, c, activation) is not linear in the
-partial products, so each shard computes `alpha * op(a) @ op(b)` in f32, the
-sum is taken, and the epilogue runs in XLA on the result, still per shard.
+With a sharded K the epilogue (biases, c, activation, ...) does not commute
+with the sum of partial products, so each shard computes `alpha * op(a) @ op(b)`
+in f32, the sum is taken, and the epilogue runs in XLA on it, still per shard.
 
 Arrays on meshes with Auto axes carry no sharding in their types inside
 `jax.jit`; for them `gemm` runs the kernel on the global arrays and leaves
@@ -33,34 +33,39 @@ import dataclasses
 
 import jax
 from jax import lax
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from pallas_gemm import batching
 from pallas_gemm.batching import GemmCall
 
 
-def gemm(call: GemmCall, a, b, bias=None, c=None):
+def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None):
   """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes."""
-  mesh = explicit_mesh(a, b, bias, c)
+  extras = {"bias": bias, "c": c, "row_bias": row_bias, "residual": residual}
+  mesh = explicit_mesh(a, b, *extras.values())
   if mesh is None:
-    return batching.gemm(call, a, b, bias, c)
+    return batching.gemm(call, a, b, **extras)
   plan = _Plan.of(call, a, b)
-  operands = {"a": (a, plan.a), "b": (b, plan.b), "bias": (bias, (plan.n,)),
-              "c": (c, None if c is None else plan.out[-c.ndim:])}
-  names = [name for name, (x, _) in operands.items() if x is not None]
+  specs = {"a": plan.a, "b": plan.b, "bias": (plan.n,), "row_bias": (plan.out[-2],)}
+  for name in ("c", "residual"):
+    if extras[name] is not None:
+      specs[name] = plan.out[-extras[name].ndim:]
+  arrays = {name: x for name, x in {"a": a, "b": b, **extras}.items() if x is not None}
 
-  def local(*arrays):
-    kw = dict(zip(names, arrays))
+  def local(*values):
+    kw = dict(zip(arrays, values))
+    a, b = kw.pop("a"), kw.pop("b")
     if not plan.k:
-      return batching.gemm(call, kw["a"], kw["b"], kw.get("bias"), kw.get("c"))
-    partial = batching.gemm(call.linear(), kw["a"], kw["b"])
-    return batching.finish_epilogue(call, lax.psum(partial, plan.k),
-                                    bias=kw.get("bias"), c=kw.get("c"))
+      return batching.gemm(call, a, b, **kw)
+    if "row_bias" in kw:
+      kw["row_bias"] = kw["row_bias"][:, None]
+    acc = lax.psum(batching.gemm(call.product(), a, b), plan.k)
+    return batching.finish_epilogue(call, acc, **kw)
 
   sharded = jax.shard_map(
-      local, mesh=mesh, in_specs=tuple(_p(operands[name][1]) for name in names),
+      local, mesh=mesh, in_specs=tuple(_p(specs[name]) for name in arrays),
       out_specs=_p(plan.out), check_vma=False)
-  return jax.jit(sharded)(*(reshard(*operands[name]) for name in names))
+  return jax.jit(sharded)(*(reshard(x, specs[name], mesh) for name, x in arrays.items()))
 
 
 def explicit_mesh(*arrays):
@@ -72,11 +77,15 @@ def explicit_mesh(*arrays):
   return None
 
 
-def reshard(x, spec):
-  """`x` with per-dim `spec` (tuples of mesh axis names); no-op if it has it or spec is None."""
+def reshard(x, spec, mesh=None):
+  """`x` with per-dim `spec` (tuples of mesh axis names) on `mesh` (default: x's own).
+
+  A no-op where x already has it, or where spec is None.
+  """
   if spec is None or _spec(x) == tuple(spec):
     return x
-  return jax.sharding.reshard(x, _p(spec))
+  mesh = mesh or explicit_mesh(x)
+  return jax.sharding.reshard(x, NamedSharding(mesh, _p(spec)))
 
 
 def explicit_spec(x):

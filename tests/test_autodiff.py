@@ -35,6 +35,9 @@ EPILOGUES = {
     "bias": dict(bias=True),
     **{act: dict(bias=True, activation=act) for act in ACTIVATIONS_F64 if act},
     "alpha_beta_c": dict(c=True, alpha=0.5, beta=-1.5),
+    "row_bias_residual": dict(row_bias=True, residual=True),
+    "everything": dict(bias=True, row_bias=True, c=True, residual=True, alpha=1.5, beta=0.5,
+                       activation="gelu_tanh", clamp=(-0.25, 2.0)),
 }
 TOLERANCE = {"bfloat16": 1.5e-2, "float16": 2e-3, "float32": 1e-5}
 """Norm-wise relative error of outputs and gradients (bf16 eps 3.9e-3, f16 4.9e-4)."""
@@ -53,8 +56,8 @@ def _normal(rng, shape, dtype):
   return jnp.asarray(rng.standard_normal(shape).astype(dtype))
 
 
-def _problem(layout, dtype, *, bias=False, c=False, activation=None, alpha=1.0, beta=0.0,
-             batch_a=(), batch_b=(), seed=()):
+def _problem(layout, dtype, *, bias=False, c=False, row_bias=False, residual=False,
+             activation=None, alpha=1.0, beta=0.0, clamp=None, batch_a=(), batch_b=(), seed=()):
   """Fresh random operands (never zeros), a random cotangent and matmul's keyword args."""
   ta, tb = layout[0] == "T", layout[1] == "T"
   rng = _rng(layout, dtype, activation, batch_a, batch_b, seed)
@@ -63,13 +66,17 @@ def _problem(layout, dtype, *, bias=False, c=False, activation=None, alpha=1.0, 
       "b": _normal(rng, (*batch_b, *((N, K) if tb else (K, N))), dtype),
       "bias": _normal(rng, (N,), jnp.float32) if bias else None,
       "c": _normal(rng, (M, N), dtype) if c else None,
+      "row_bias": _normal(rng, (M,), jnp.float32) if row_bias else None,
+      "residual": _normal(rng, (*(batch_a or batch_b), M, N), dtype) if residual else None,
   }
   cotangent = _normal(rng, (*(batch_a or batch_b), M, N), jnp.float32)
-  static = dict(transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta)
+  static = dict(transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta,
+                clamp=clamp)
   return args, cotangent, static
 
 
-def _reference(a, b, bias, c, *, transpose_a, transpose_b, activation, alpha, beta):
+def _reference(a, b, bias, c, row_bias, residual, *, transpose_a, transpose_b, activation,
+               alpha, beta, clamp):
   op_a = jnp.swapaxes(a, -1, -2) if transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if transpose_b else b
   z = alpha * jnp.matmul(op_a, op_b, precision="highest")
@@ -77,7 +84,12 @@ def _reference(a, b, bias, c, *, transpose_a, transpose_b, activation, alpha, be
     z = z + beta * c
   if bias is not None:
     z = z + bias
-  return ACTIVATIONS_F64[activation](z)
+  if row_bias is not None:
+    z = z + row_bias[:, None]
+  y = ACTIVATIONS_F64[activation](z)
+  if residual is not None:
+    y = y + residual
+  return y if clamp is None else jnp.clip(y, *clamp)
 
 
 def _grads(fn, args, cotangent):
@@ -108,9 +120,7 @@ def _rel_err(x, ref):
 
 
 def _check_against_reference(args, cotangent, static, tol, **kw):
-  fn = (lambda a, b, bias, c, ct: _grads(
-      lambda **x: matmul(**x, **static, **kw), dict(a=a, b=b, bias=bias, c=c), ct))
-  y, grads = fn(**args, ct=cotangent)
+  y, grads = _grads(lambda **x: matmul(**x, **static, **kw), args, cotangent)
   y_ref, grads_ref = _reference_grads(args, cotangent, static)
   assert _rel_err(y, y_ref) < tol
   assert grads.keys() == grads_ref.keys()
@@ -130,7 +140,7 @@ def test_gradients_match_float64_reference(layout, epilogue, dtype):
 
 @pytest.mark.parametrize("batch_a,batch_b", [((3,), ()), ((2, 3), ()), ((3,), (3,)), ((), (3,))],
                          ids=["shared_b", "shared_b_2d_batch", "both", "shared_a"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", ["NN", "TT"])  # NN folds the batch into dB's K; TT sums
 def test_batched_gradients_sum_over_shared_operands(layout, batch_a, batch_b):
   # c is (M, N) against a batched output: its gradient sums over the batch too.
   args, cotangent, static = _problem(layout, "bfloat16", bias=True, c=True, activation="silu",
@@ -142,10 +152,21 @@ def test_batched_gradients_sum_over_shared_operands(layout, batch_a, batch_b):
 @pytest.mark.parametrize("activation", ["relu", "gelu_exact", "sigmoid"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_numerical_gradients_f32(layout, activation):
-  args, _, static = _problem(layout, "float32", bias=True, c=True, activation=activation,
-                             alpha=0.75, beta=1.25, seed="numerical")
-  fn = lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="xla", **static)
+  args, _, static = _problem(layout, "float32", bias=True, c=True, row_bias=True, residual=True,
+                             activation=activation, alpha=0.75, beta=1.25, seed="numerical")
+  names = list(args)
+  fn = lambda *xs: matmul(**dict(zip(names, xs)), implementation="xla", **static)
   check_grads(fn, tuple(args.values()), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+
+
+def test_fp8_is_not_differentiable():
+  a = jnp.ones((32, 64), jnp.float8_e4m3fn)
+  b = jnp.ones((16, 64), jnp.float8_e4m3fn)
+  f = lambda a, b: jnp.sum(matmul(a, b, transpose_b=True, implementation="xla")
+                           .astype(jnp.float32))
+  assert f(a, b) == 32 * 16 * 64
+  with pytest.raises(NotImplementedError, match="fp8"):
+    jax.grad(f)(a, b)
 
 
 # -- mixed precision -----------------------------------------------------------------
@@ -291,6 +312,24 @@ def test_transformations(transform):
                         jax.grad(layers(ref_layer), argnums=(0, 1))(x[:, :64], ws))
 
 
+@pytest.mark.parametrize("batched", ["everything", "bias_only", "operands_only"])
+def test_vmap_matches_a_loop_over_examples(batched):
+  args, _, static = _problem("NT", "bfloat16", bias=True, c=True, row_bias=True, residual=True,
+                             activation="silu", alpha=2.0, beta=0.5, seed="vmap")
+  stacked = {k: jnp.stack([x, -x, 2 * x]) for k, x in args.items()}
+  in_axes = {k: 0 if (batched == "everything" or k == "a" or
+                      (batched == "bias_only" and k in ("bias", "row_bias")) or
+                      (batched == "operands_only" and k == "b")) else None
+             for k in args}
+  inputs = {k: stacked[k] if in_axes[k] == 0 else args[k] for k in args}
+  fn = lambda kw: matmul(**kw, implementation="xla", **static)
+  ours = jax.vmap(fn, in_axes=(in_axes,))(inputs)
+  loop = jnp.stack([fn({k: x[i] if in_axes[k] == 0 else x for k, x in inputs.items()})
+                    for i in range(3)])
+  np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(loop, np.float32),
+                             rtol=2e-2, atol=2e-2)
+
+
 def test_forward_mode_is_refused():
   x, w, _ = _mlp_args()
   with pytest.raises(TypeError, match="forward-mode"):
@@ -309,7 +348,7 @@ def test_c_is_ignored_when_beta_is_zero_and_required_otherwise():
 
 
 # -- the kernel itself, in GPU interpret mode ----------------------------------------------
-INTERPRET_CONFIG = GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", stages=2)
+INTERPRET_CONFIG = GemmConfig(tile_m=128, tile_n=64, stages=2)
 
 
 def test_interpret_forward_under_vmap_matches_xla():

@@ -1,0 +1,164 @@
+"""Flax drop-ins: `dot_general` injection into Flax's layers, and `pallas_gemm.flax`'s
+fused layers against Flax's own (same parameters, same outputs and gradients)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+flax = pytest.importorskip("flax")
+from flax import linen, nnx  # noqa: E402
+
+from pallas_gemm import _compat  # noqa: E402
+from pallas_gemm import flax as pflax  # noqa: E402
+from pallas_gemm.dot_general import dot_general  # noqa: E402
+
+ACTIVATIONS = {
+    None: lambda y: y,
+    "relu": jax.nn.relu,
+    "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
+    "gelu_exact": lambda y: jax.nn.gelu(y, approximate=False),
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+}
+TOLERANCE = {jnp.bfloat16: 1.5e-2, jnp.float32: 1e-5}
+
+
+def _x(shape=(2, 6, 32), seed=0):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def _rel_err(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+def _assert_close(tree, ref, tol):
+  leaves, ref_leaves = jax.tree.leaves(tree), jax.tree.leaves(ref)
+  assert jax.tree.structure(tree) == jax.tree.structure(ref)
+  for x, r in zip(leaves, ref_leaves):
+    assert x.shape == r.shape and x.dtype == r.dtype
+    assert _rel_err(x, r) < tol
+
+
+def _nnx_loss(model, x):
+  return jnp.mean(model(x).astype(jnp.float32) ** 2)
+
+
+@nnx.jit
+def _nnx_value_and_grad(model, x):
+  return nnx.value_and_grad(_nnx_loss)(model, x)
+
+
+# -- injection into Flax's own layers -----------------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_nnx_linear_takes_dot_general(dtype):
+  ours = nnx.Linear(32, 16, dtype=dtype, dot_general=dot_general, rngs=nnx.Rngs(0))
+  ref = nnx.Linear(32, 16, dtype=dtype, rngs=nnx.Rngs(0))
+  x = _x()
+  _assert_close(ours(x), ref(x), TOLERANCE[dtype])
+  _assert_close(_nnx_value_and_grad(ours, x), _nnx_value_and_grad(ref, x), TOLERANCE[dtype])
+
+
+def test_nnx_linear_with_preferred_element_type():
+  kw = dict(dtype=jnp.bfloat16, preferred_element_type=jnp.float32)
+  ours = nnx.Linear(32, 16, dot_general=dot_general, rngs=nnx.Rngs(0), **kw)
+  ref = nnx.Linear(32, 16, rngs=nnx.Rngs(0), **kw)
+  x = _x()
+  assert ours(x).dtype == ref(x).dtype == jnp.float32
+  _assert_close(ours(x), ref(x), 1e-6)
+
+
+def test_linen_dense_takes_dot_general():
+  ours = linen.Dense(16, dtype=jnp.bfloat16, dot_general=dot_general)
+  ref = linen.Dense(16, dtype=jnp.bfloat16)
+  x = _x()
+  params = ref.init(jax.random.key(0), x)
+  loss = lambda model: lambda p: jnp.mean(model.apply(p, x).astype(jnp.float32) ** 2)
+  _assert_close(ours.apply(params, x), ref.apply(params, x), 1.5e-2)
+  _assert_close(jax.grad(loss(ours))(params), jax.grad(loss(ref))(params), 1.5e-2)
+
+
+# -- pallas_gemm.flax.Linear (nnx) ---------------------------------------------------------
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_linear_has_nnx_linears_parameters(use_bias):
+  ours = pflax.Linear(32, 16, use_bias=use_bias, activation="gelu_tanh", rngs=nnx.Rngs(3))
+  ref = nnx.Linear(32, 16, use_bias=use_bias, rngs=nnx.Rngs(3))
+  ours_state, ref_state = nnx.state(ours, nnx.Param), nnx.state(ref, nnx.Param)
+  assert jax.tree.structure(ours_state) == jax.tree.structure(ref_state)
+  for x, r in zip(jax.tree.leaves(ours_state), jax.tree.leaves(ref_state)):
+    np.testing.assert_array_equal(x, r)
+  # checkpoints interchange: Flax's parameters load into ours and back
+  other = nnx.Linear(32, 16, use_bias=use_bias, rngs=nnx.Rngs(4))
+  nnx.update(ours, nnx.state(other, nnx.Param))
+  nnx.update(ref, nnx.state(ours, nnx.Param))
+  np.testing.assert_array_equal(ref.kernel[...], other.kernel[...])
+
+
+@pytest.mark.parametrize("dtype,activation", [
+    *((jnp.bfloat16, act) for act in ACTIVATIONS), (jnp.float32, None), (jnp.float32, "gelu_exact")])
+def test_linear_matches_nnx_linear_then_activation(dtype, activation):
+  ours = pflax.Linear(32, 16, activation=activation, dtype=dtype, rngs=nnx.Rngs(1))
+  ref = nnx.Linear(32, 16, dtype=dtype, rngs=nnx.Rngs(1))
+  act = ACTIVATIONS[activation]
+  ref_fused = lambda model, x: act(model(x).astype(jnp.float32)).astype(dtype)
+  ref_loss = lambda model, x: jnp.mean(ref_fused(model, x).astype(jnp.float32) ** 2)
+
+  @nnx.jit
+  def both(ours, ref, x):
+    return ((ours(x), nnx.value_and_grad(_nnx_loss)(ours, x)),
+            (ref_fused(ref, x), nnx.value_and_grad(ref_loss)(ref, x)))
+
+  ours_results, ref_results = both(ours, ref, _x())
+  _assert_close(ours_results, ref_results, TOLERANCE[dtype])
+
+
+def test_linear_under_nnx_transforms():
+  ours = pflax.Linear(32, 16, activation="silu", dtype=jnp.bfloat16, rngs=nnx.Rngs(2))
+  ref = nnx.Linear(32, 16, dtype=jnp.bfloat16, rngs=nnx.Rngs(2))
+  ref_loss = lambda model, x: jnp.mean(jax.nn.silu(model(x).astype(jnp.float32)) ** 2)
+  xs = _x((3, 4, 32))
+  # jit + grad, remat, and vmap over examples with shared parameters
+  _assert_close(nnx.jit(_nnx_value_and_grad)(ours, xs[0]),
+                nnx.value_and_grad(ref_loss)(ref, xs[0]), 1.5e-2)
+  _assert_close(nnx.grad(nnx.remat(_nnx_loss))(ours, xs[0]),
+                nnx.grad(ref_loss)(ref, xs[0]), 1.5e-2)
+  per_example = nnx.vmap(lambda model, x: model(x), in_axes=(None, 0))(ours, xs)
+  _assert_close(per_example, jax.nn.silu(ref(xs).astype(jnp.float32)).astype(jnp.bfloat16),
+                1.5e-2)
+
+
+def test_linear_on_one_input_vector():
+  layer = pflax.Linear(32, 16, activation="relu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  assert layer(_x((32,))).shape == (16,)
+
+
+@pytest.mark.skipif(not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+                    reason="the backward GEMMs are transposed problems, which the GPU "
+                           f"interpreter of jax {jax.__version__} cannot run")
+def test_linear_trains_through_the_kernel_in_interpret_mode():
+  ours = pflax.Linear(32, 16, activation="gelu_exact", dtype=jnp.bfloat16,
+                      implementation="interpret", rngs=nnx.Rngs(5))
+  ref = nnx.Linear(32, 16, dtype=jnp.bfloat16, rngs=nnx.Rngs(5))
+  ref_loss = lambda m, x: jnp.mean(jax.nn.gelu(m(x).astype(jnp.float32), approximate=False) ** 2)
+  x = _x((2, 8, 32))
+  _assert_close(_nnx_value_and_grad(ours, x), nnx.value_and_grad(ref_loss)(ref, x), 1.5e-2)
+
+
+# -- pallas_gemm.flax.Dense (linen) --------------------------------------------------------
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+def test_dense_matches_linen_dense(activation):
+  ours = pflax.Dense(16, activation=activation, dtype=jnp.bfloat16)
+  ref = linen.Dense(16, dtype=jnp.bfloat16)
+  x = _x()
+  params = ours.init(jax.random.key(7), x)
+  ref_params = ref.init(jax.random.key(7), x)
+  assert jax.tree.structure(params) == jax.tree.structure(ref_params)
+  for p, r in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    np.testing.assert_array_equal(p, r)
+  act = ACTIVATIONS[activation]
+  ref_apply = lambda p: act(ref.apply(p, x).astype(jnp.float32)).astype(jnp.bfloat16)
+  _assert_close(ours.apply(params, x), ref_apply(params), 1.5e-2)
+  loss = lambda f: lambda p: jnp.mean(f(p).astype(jnp.float32) ** 2)
+  _assert_close(jax.grad(loss(lambda p: ours.apply(p, x)))(params),
+                jax.grad(loss(ref_apply))(params), 1.5e-2)
