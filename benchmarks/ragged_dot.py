@@ -66,6 +66,7 @@ CHECK_CASES = (
     (333, 136, 72, (333,), False),                              # one group, nothing aligned
     (2048, 512, 256, (0, 2048, 0), True),
     (200, 256, 128, (1,) * 64 + (100,), False),                 # many groups per tile
+    (1000, 256, 128, (700, 700, 5), True),                      # sum > M: cut at M
 )
 
 
