@@ -260,12 +260,15 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
         plgpu.barrier_wait(bias_loaded.at[wg])
       if row_bias_smem is not None:
         plgpu.barrier_wait(row_bias_loaded.at[wg])
+      # With a chunk count that is not a multiple of the slots, the next tile's
+      # first chunk reuses the slot of this tile's last store: keep none in flight.
+      in_flight = slots - 1 if (wm // em) * (wn // en) % slots == 0 else 0
       for i in range(wm // em):
         for j in range(wn // en):
           out_slot = (i * (wn // en) + j) % slots
           buf = out_smem.at[wg, out_slot]
           rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
-          plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
           c_tile = res_tile = None
           barrier = wg * slots + out_slot
           if res_smem is not None:
