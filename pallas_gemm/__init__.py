@@ -10,6 +10,9 @@
 from pallas_gemm.autotune import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.matmul import matmul
+from pallas_gemm.ragged_dot import ragged_dot
+from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.tuning_cache import lookup_config
 
-__all__ = ["GemmConfig", "GemmProblem", "autotune", "lookup_config", "matmul"]
+__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "lookup_config", "matmul",
+           "ragged_dot"]
