@@ -67,8 +67,6 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   _check(lhs, rhs, group_sizes, transpose_rhs)
   out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-  kernel_ok = (lhs.dtype == rhs.dtype and lhs.dtype.name in INPUT_DTYPES
-               and out_dtype.name in OUTPUT_DTYPES)
   if implementation is None:
     implementation = "xla"
   if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
