@@ -6,7 +6,6 @@ differentiated program contains (traced for the Pallas kernel, not run).
 A few cases run the kernel itself in GPU interpret mode.
 """
 
-import collections
 import zlib
 
 import jax
@@ -225,6 +224,17 @@ def _loss(fn):
   return lambda *args: jnp.sum(fn(*args).astype(jnp.float32))
 
 
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (16384, 4096, 4096)])
+def test_benchmark_training_step_lowers_for_cuda_as_three_kernels(shape):
+  from benchmarks.train_step import layers, training_step  # noqa: PLC0415
+
+  m, n, k = shape
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in [(m, k), (k, n), (n,), (m, n)]]
+  step = training_step(layers("pallas")["pallas_gemm"])
+  module = jax.export.export(step, platforms=["cuda"])(*args).mlir_module()
+  assert module.count("@mosaic_gpu_v2") == 3
+
+
 def test_unrequested_gradients_are_not_computed():
   args = _mlp_args()
   assert len(_kernels(jax.grad(_loss(_mlp), argnums=(0, 1, 2)), *args)) == 2 + 4
@@ -357,6 +367,16 @@ def test_interpret_forward_under_vmap_matches_xla():
   run = lambda impl, **kw: jax.vmap(lambda a: matmul(a, args["b"], bias=args["bias"],
                                                      implementation=impl, **kw, **static))(args["a"])
   assert _rel_err(run("interpret", config=INTERPRET_CONFIG), run("xla")) < 1e-2
+
+
+@pytest.mark.skipif(_compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+                    reason=f"jax {jax.__version__}'s GPU interpreter runs transposed operands")
+def test_interpret_backward_is_refused_where_the_interpreter_would_hang():
+  args, _, static = _problem("NN", "bfloat16", seed="interpret")
+  loss = lambda a, b: jnp.sum(matmul(a, b, implementation="interpret", **static)
+                              .astype(jnp.float32))
+  with pytest.raises(NotImplementedError, match="transposed operands"):
+    jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(args["a"], args["b"])
 
 
 @needs_transposed_interpret

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_gemm
 from pallas_gemm.dot_general import dot_general, make_dot_general
 
 XLA = make_dot_general(implementation="xla")

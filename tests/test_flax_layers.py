@@ -162,3 +162,16 @@ def test_dense_matches_linen_dense(activation):
   loss = lambda f: lambda p: jnp.mean(f(p).astype(jnp.float32) ** 2)
   _assert_close(jax.grad(loss(lambda p: ours.apply(p, x)))(params),
                 jax.grad(loss(ref_apply))(params), 1.5e-2)
+
+
+def test_example_trains_an_mlp(capsys):
+  import importlib.util  # noqa: PLC0415
+  import pathlib  # noqa: PLC0415
+
+  path = pathlib.Path(__file__).parents[1] / "examples" / "train_mlp.py"
+  spec = importlib.util.spec_from_file_location("train_mlp", path)
+  example = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(example)
+  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
+                       "--implementation", "xla", "--log-every", "20"]) == 0
+  assert "loss went down for both: True" in capsys.readouterr().out
