@@ -88,8 +88,6 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
-  if c is None and beta != 0.0:
-    raise ValueError(f"beta={beta} needs c")
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
@@ -100,8 +98,6 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
       alpha=float(alpha), beta=float(beta), clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
       out_scale=out_scale, config=config, autotune=autotune)
-  if beta == 0.0:
-    c = None  # never read (BLAS convention), so its gradient is zero
   return _matmul(call, a, b, bias, c, row_bias, residual)
 
 
