@@ -94,6 +94,11 @@ def checks() -> list[Check]:
       Check("NN 200x136x72", (200, 72), (72, 136)),
       Check("NN 5x1x40", (5, 40), (40, 1)),
       Check("NN 1x300x1", (1, 1), (1, 300)),
+      # N of one swizzle span or less under a 256-wide tile (once all wrong: see matmul._box_cols).
+      Check("NN 256x64x512", (256, 512), (512, 64)),
+      Check("NN 100x32x96", (100, 96), (96, 32)),
+      Check("NT 256x64x512", (256, 512), (64, 512), dict(transpose_b=True)),
+      Check("TT 64x64x64", (64, 64), (64, 64), dict(transpose_a=True, transpose_b=True)),
       Check("NN batch3 300x264x200", (3, 300, 200), (3, 200, 264)),
       Check("TT batch3 300x264x200", (3, 200, 300), (3, 264, 200),
             dict(transpose_a=True, transpose_b=True)),

@@ -255,6 +255,16 @@ def _tma_layout(a, b, problem, config, interpret):
           _pad_last2(b, _tma_rows(b.shape[-2]), b_cols))
 
 
+def _box_cols(cols, box, dtype, swizzle):
+  """Widens an array whose whole minor extent is one swizzle span (or less) to
+  `box` when that is wider. On the H100 an output of N=64 bf16 columns (one
+  128-byte span) with tile_n=256 came back all wrong (N=128 and 192 were right):
+  the tile's chunk stores past N do not stay outside such an array."""
+  if swizzle and cols <= smem.swizzle_span(dtype, swizzle) and cols < box:
+    return box
+  return cols
+
+
 def _out_extent(problem, config, interpret):
   """(rows, cols) of the output the kernel writes (>= (M, N); sliced afterwards)."""
   if interpret:
@@ -264,6 +274,9 @@ def _out_extent(problem, config, interpret):
   cols = problem.n
   if smem.widest_swizzle(problem.out_dtype, en, cols) is None:
     cols = _round_up(cols, smem.swizzle_span(problem.out_dtype, 32))
+  # The stores of a tile's epilogue chunks past N must not land on a one-span output.
+  cols = _box_cols(cols, config.tile_n, problem.out_dtype,
+                   smem.widest_swizzle(problem.out_dtype, en, cols))
   return _tma_rows(problem.m), cols
 
 
