@@ -91,13 +91,15 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
+  bias, c, row_bias, residual = (None if x is None else jnp.asarray(x)
+                                 for x in (bias, c, row_bias, residual))
   if out_dtype is None:
     out_dtype = jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype
   call = GemmCall(
       out_dtype=jnp.dtype(out_dtype).name, implementation=implementation,
       transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
-      alpha=float(alpha), beta=float(beta), clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
-      out_scale=out_scale, config=config, autotune=autotune)
+      alpha=float(alpha), beta=float(beta), out_scale=out_scale, config=config,
+      clamp=tuple(clamp) if isinstance(clamp, list) else clamp, autotune=autotune)
   return _matmul(call, a, b, bias, c, row_bias, residual)
 
 

@@ -69,7 +69,8 @@ def make_dot_general(*, implementation: str | None = None):
 
   >>> import jax.numpy as jnp
   >>> f = make_dot_general(implementation="xla")
-  >>> f(jnp.ones((4, 3), jnp.float16), jnp.ones((3, 2), jnp.float16), (((1,), (0,)), ((), ()))).shape
+  >>> x, w = jnp.ones((4, 3), jnp.float16), jnp.ones((3, 2), jnp.float16)
+  >>> f(x, w, (((1,), (0,)), ((), ()))).shape
   (4, 2)
   """
   def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,

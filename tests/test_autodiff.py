@@ -364,8 +364,11 @@ INTERPRET_CONFIG = GemmConfig(tile_m=128, tile_n=64, stages=2)
 def test_interpret_forward_under_vmap_matches_xla():
   args, _, static = _problem("NN", "bfloat16", bias=True, activation="gelu_exact",
                              batch_a=(2,), seed="interpret")
-  run = lambda impl, **kw: jax.vmap(lambda a: matmul(a, args["b"], bias=args["bias"],
-                                                     implementation=impl, **kw, **static))(args["a"])
+  def run(implementation, **kw):
+    layer = lambda a: matmul(a, args["b"], bias=args["bias"], implementation=implementation,
+                             **kw, **static)
+    return jax.vmap(layer)(args["a"])
+
   assert _rel_err(run("interpret", config=INTERPRET_CONFIG), run("xla")) < 1e-2
 
 

@@ -96,7 +96,8 @@ def test_linear_has_nnx_linears_parameters(use_bias):
 
 
 @pytest.mark.parametrize("dtype,activation", [
-    *((jnp.bfloat16, act) for act in ACTIVATIONS), (jnp.float32, None), (jnp.float32, "gelu_exact")])
+    *((jnp.bfloat16, act) for act in ACTIVATIONS),
+    (jnp.float32, None), (jnp.float32, "gelu_exact")])
 def test_linear_matches_nnx_linear_then_activation(dtype, activation):
   ours = pflax.Linear(32, 16, activation=activation, dtype=dtype, rngs=nnx.Rngs(1))
   ref = nnx.Linear(32, 16, dtype=dtype, rngs=nnx.Rngs(1))

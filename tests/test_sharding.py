@@ -179,8 +179,9 @@ def test_nnx_mlp_with_sharded_parameters():
 @needs_devices
 def test_kernel_runs_per_shard_when_lowered_for_cuda():
   mesh = _mesh()
-  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=NamedSharding(mesh, P("data", "model")))
-  w = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P("model", None)))
+  spec = lambda *names: NamedSharding(mesh, P(*names))
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=spec("data", "model"))
+  w = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16, sharding=spec("model", None))
   loss = lambda x, w: jnp.mean(matmul(x, w, activation="gelu_tanh", implementation="pallas")
                                .astype(jnp.float32) ** 2)
   exported = jax.export.export(jax.jit(jax.value_and_grad(loss, (0, 1))), platforms=["cuda"])(x, w)
