@@ -23,8 +23,9 @@ Backward (`g` = cotangent of y):
                  `out_dtype` was (bf16 operands: bf16 GEMMs even after an f32
                  forward output).
   dbias, drow_bias, dc = beta * dPre, dresidual
-                 XLA reductions of the f32 dPre (or of g) over what each
-                 broadcast over.
+                 XLA reductions, accumulated in f32, over what each broadcast
+                 over; they read dPre in the operand dtype (as XLA's own bf16
+                 autodiff does), so the f32 dPre is never written to memory.
 A shared 2-D operand's gradient folds the batch into the contraction where
 the layout allows (dB of an untransposed A) and otherwise sums an f32
 batched GEMM.
@@ -165,14 +166,16 @@ def _bwd(call, saved, g):
     _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
     d_affine, d_residual = tail_vjp(g.astype(jnp.float32))
     d_residual = g if residual is None else d_residual
+  # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
+  # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
   d_acc = d_affine.astype(wanted.operand_dtype)
-  rows = tuple(range(d_affine.ndim - 2))
+  rows = tuple(range(d_acc.ndim - 2))
   return (
       wanted.a and _grad_a(call, d_acc, b, wanted.a),
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
-      wanted.bias and _cast(jnp.sum(d_affine, axis=(*rows, -2), dtype=jnp.float32), wanted.bias),
-      wanted.c and _cast(call.beta * _sum_leading(d_affine, wanted.c), wanted.c),
-      wanted.row_bias and _cast(jnp.sum(d_affine, axis=(*rows, -1), dtype=jnp.float32),
+      wanted.bias and _cast(jnp.sum(d_acc, axis=(*rows, -2), dtype=jnp.float32), wanted.bias),
+      wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
+      wanted.row_bias and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32),
                                 wanted.row_bias),
       wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
   )
