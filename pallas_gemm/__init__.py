@@ -7,12 +7,21 @@
 (128, 256)
 """
 
+from pallas_gemm.autodiff import matmul
 from pallas_gemm.autotune import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
-from pallas_gemm.matmul import matmul
+from pallas_gemm.dot_general import dot_general, make_dot_general
 from pallas_gemm.ragged_dot import ragged_dot
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.tuning_cache import lookup_config
 
-__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "lookup_config", "matmul",
-           "ragged_dot"]
+__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "dot_general", "lookup_config",
+           "make_dot_general", "matmul", "ragged_dot"]
+
+
+def __getattr__(name):
+  """`pallas_gemm.flax` is imported on first use, so `import pallas_gemm` works without flax."""
+  if name == "flax":
+    import importlib
+    return importlib.import_module("pallas_gemm.flax")
+  raise AttributeError(f"module 'pallas_gemm' has no attribute {name!r}")
