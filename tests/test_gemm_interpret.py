@@ -14,7 +14,6 @@ Gaps of the interpreter, skipped explicitly (never passed silently):
 """
 
 import dataclasses
-import faulthandler
 import math
 
 import jax.numpy as jnp
@@ -24,28 +23,13 @@ import pytest
 from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
 from pallas_gemm.hopper_gemm import hopper_gemm
 
-HANG_TIMEOUT_S = 180
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
+
 BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-5}
 
-needs_transposes = pytest.mark.skipif(
-    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views")
 needs_clusters = pytest.mark.skipif(
     not _compat.INTERPRET_SUPPORTS_CLUSTERS,
     reason="jax 0.10.2's GPU interpreter has no cluster barriers (TMA multicast)")
-
-
-@pytest.fixture(autouse=True)
-def _hang_guard():
-  """A failing callback in a warp-specialized kernel hangs the interpreter: abort loudly."""
-  faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True)
-  try:
-    yield
-  except BaseException:
-    _compat.reset_interpret_state()
-    raise
-  finally:
-    faulthandler.cancel_dump_traceback_later()
 
 
 def _random(rng, shape, dtype):

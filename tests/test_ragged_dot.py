@@ -16,7 +16,6 @@ Tiers, as for the dense kernel:
 """
 
 import dataclasses
-import faulthandler
 
 import jax
 from jax import lax
@@ -30,24 +29,9 @@ from pallas_gemm.ragged_tgmm import TgmmConfig, TgmmProblem, ragged_tgmm
 from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _decode_item, _Plan,
                                      default_ragged_config, max_items, ragged_gemm)
 
-HANG_TIMEOUT_S = 180
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
+
 BOUND = 8e-3  # relative Frobenius error, bf16 output
-
-needs_transposes = pytest.mark.skipif(
-    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views")
-
-
-@pytest.fixture(autouse=True)
-def _hang_guard():
-  faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True)
-  try:
-    yield
-  except BaseException:
-    _compat.reset_interpret_state()
-    raise
-  finally:
-    faulthandler.cancel_dump_traceback_later()
 
 
 def _random(rng, shape, dtype=jnp.bfloat16):
