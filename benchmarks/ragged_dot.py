@@ -59,6 +59,7 @@ JAX_MGPU_CONFIGS = (
 
 CHECK_CASES = (
     # (M, N, K, group sizes, transpose_rhs)
+    (1024, 512, 256, (256, 0, 384, 128, 256), False),           # whole tiles only: no ladder
     (1000, 1016, 1000, (300, 0, 0, 511, 189), False),
     (1000, 1016, 1000, (300, 0, 0, 511, 189), True),
     (4096, 4096, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), False),   # 1079 rows past the sum

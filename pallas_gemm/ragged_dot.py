@@ -132,11 +132,11 @@ def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
     lhs_cols, rhs_cols = _tma_operand_cols(lhs.shape[-1], dtype), _tma_operand_cols(rhs.shape[-1], dtype)
   lhs = _pad_last2(lhs, _tma_rows(m), lhs_cols)
   rhs = _pad_last2(rhs, _tma_rows(rhs.shape[-2]), rhs_cols)
-  # Output columns: a whole number of epilogue tiles, because Mosaic tiles the
-  # unswizzled boundary staging buffer (64, en) by its full width, and a TMA
+  # Output columns: a whole number of boundary staging chunks, because Mosaic
+  # tiles the unswizzled staging buffer (64, sn) by its full width, and a TMA
   # store from it needs the GMEM minor extent to be a multiple of that tile.
-  en = config.epilogue_tile[1]
-  cols = n if n % en == 0 else _round_up(n, en)
+  sn = config.stage_cols(out_dtype)
+  cols = n if n % sn == 0 else _round_up(n, sn)
   return lhs, rhs, _tma_rows(m), cols
 
 

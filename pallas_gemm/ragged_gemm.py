@@ -24,6 +24,9 @@ Kernel (shares its structure and helpers with `hopper_gemm`):
     and is stored with a ladder of power-of-two row counts (32, 16, ..., 1),
     each a TMA store whose box is static (TMA boxes cannot be dynamic), as
     jax's `ragged_dot_mgpu` does; rows of the other group are never written.
+    A TMA store's SMEM source must start on a 128-byte boundary, so a staging
+    row is at least 128 bytes wide (`STAGE_ROW_BYTES`): with 64-byte rows an
+    odd first row faults with CUDA_ERROR_MISALIGNED_ADDRESS on the H100.
   - The ring slot of a stage is a running step counter carried through the
     item loop (items without a K loop consume no stages).
 
@@ -61,6 +64,10 @@ UNROLL_GROUPS = 32
 
 LADDER_MAX_ROWS = 64
 """Rows of one consumer warpgroup's sub-tile: the largest step of the store ladder."""
+
+STAGE_ROW_BYTES = 128
+"""Bytes per row of the boundary staging buffer: TMA needs its SMEM source
+128-byte aligned, and a ladder store may start at any row."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +126,10 @@ class RaggedConfig:
   def wg_tile(self) -> tuple[int, int]:
     return self.tile_m // 2, self.tile_n
 
+  def stage_cols(self, out_dtype) -> int:
+    """Columns of one boundary staging chunk: >= the epilogue tile, rows >= 128 bytes."""
+    return max(self.epilogue_tile[1], STAGE_ROW_BYTES // np.dtype(out_dtype).itemsize)
+
   def smem_bytes(self, problem: RaggedProblem) -> int:
     round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
     in_bytes = np.dtype(problem.dtype).itemsize
@@ -127,7 +138,7 @@ class RaggedConfig:
     total = round_up(self.stages * self.tile_m * self.tile_k * in_bytes)
     total += round_up(self.stages * self.tile_k * self.tile_n * in_bytes)
     total += round_up(2 * 2 * em * en * out_bytes)  # swizzled slots
-    total += round_up(2 * em * en * out_bytes)      # boundary staging
+    total += round_up(2 * em * self.stage_cols(problem.out_dtype) * out_bytes)  # boundary staging
     return total + SMEM_RESERVED_BYTES
 
   def validate(self, problem: RaggedProblem) -> None:
@@ -160,6 +171,9 @@ class RaggedConfig:
     out_span = smem.swizzle_span(problem.out_dtype, 32)
     if em != LADDER_MAX_ROWS or self.tile_n % en or en % out_span:
       fail("epilogue_tile", f"must be (64, c) with c dividing tile_n and a multiple of {out_span}")
+    if self.tile_n % self.stage_cols(problem.out_dtype):
+      fail("tile_n", f"must be a multiple of {self.stage_cols(problem.out_dtype)} (the boundary "
+                     f"staging chunk: {STAGE_ROW_BYTES}-byte rows for aligned TMA stores)")
     need = self.smem_bytes(problem)
     if need > SMEM_LIMIT_BYTES:
       fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES} "
@@ -261,6 +275,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   wm, wn = cfg.wg_tile
   em, en = cfg.epilogue_tile
+  sn = cfg.stage_cols(prob.out_dtype)
   stages, slots = cfg.stages, 2
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
@@ -377,11 +392,11 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       @pl.when(jnp.logical_not(full) & (hi > lo))
       def _():
         stage = stage_smem.at[wg]
-        for j, y in chunks:
+        for j in range(wn // sn):
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          stage[...] = y.astype(out_dtype)
+          stage[...] = result[:, j * sn:(j + 1) * sn].astype(out_dtype)
           plgpu.commit_smem()
-          cols = pl.ds(ni * tn + j * en, en)
+          cols = pl.ds(ni * tn + j * sn, sn)
           start, rows = lo, hi - lo  # 1 <= rows < 64 here (64 rows is the full path)
           size = LADDER_MAX_ROWS // 2
           while size >= 1:
@@ -404,7 +419,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
-      stage_smem=plgpu.SMEM((2, em, en), out_dtype),
+      stage_smem=plgpu.SMEM((2, em, sn), out_dtype),
       collective_axes="wg",
   )
 
