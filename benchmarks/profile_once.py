@@ -3,12 +3,13 @@
 Meant to run under Nsight Compute on the device, which replays every kernel
 launch it matches (the timings of `benchmarks.matmul` stay the reference):
 
-    ncu --clock-control none --kernel-name regex:'mosaic|gemm|nvjet|sm90' \\
+    ncu --clock-control none --profile-from-start off \\
         --section SpeedOfLight --section WarpStateStats \\
         python -m benchmarks.profile_once --shape 4096x8192x4096
 
-Every contender is compiled and run once before the profiled launches, so a
-profiler with `--launch-skip` can drop the warm-up.
+Every contender is compiled and run once (XLA's GEMM autotuning included),
+then the CUDA profiler is started (`cuProfilerStart` on the primary context),
+so only the contenders' own launches are profiled.
 
 >>> [c for c, _ in contenders(Case(m=256, n=256, k=64))]
 ['pallas_gemm', 'xla', 'jax_mgpu']
@@ -19,6 +20,7 @@ profiler with `--launch-skip` can drop the warm-up.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 
 import jax
@@ -31,6 +33,18 @@ def contenders(case: Case):
   fns = [("pallas_gemm", pallas_fn(case)), ("xla", xla_fn(case))]
   mgpu = list(jax_mgpu_fns(case).values())
   return fns + [("jax_mgpu", mgpu[0])] if mgpu else fns
+
+
+def start_cuda_profiler() -> None:
+  """`cuProfilerStart` on device 0's primary context (the one jax uses)."""
+  cuda = ctypes.CDLL("libcuda.so.1")
+  dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+  for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0),
+               lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+               lambda: cuda.cuCtxSetCurrent(ctx), cuda.cuProfilerStart):
+    status = call()
+    if status:
+      raise RuntimeError(f"CUDA driver call failed with status {status}")
 
 
 def main(argv=None):
@@ -46,6 +60,7 @@ def main(argv=None):
   fns = [(name, jax.jit(fn)) for name, fn in contenders(case)]
   for name, fn in fns:  # compile and warm up everything first
     jax.block_until_ready(fn(*inputs))
+  start_cuda_profiler()
   for name, fn in fns:
     for _ in range(args.launches):
       jax.block_until_ready(fn(*inputs))
