@@ -52,10 +52,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       None means lhs's dtype, as in lax.
     transpose_rhs: rhs is stored (G, N, K).
     config: a `RaggedConfig`, or None for `default_ragged_config`.
-    implementation: None (XLA for now: the kernel passes GPU interpret mode but
-      its first H100 run, 2026-11-22, faulted with CUDA_ERROR_MISALIGNED_ADDRESS,
-      so it is opt-in until it passes the device check), "pallas", "interpret"
-      (the kernel in GPU interpret mode) or "xla".
+    implementation: None (the kernel on a Hopper GPU when the dtypes are ones
+      it takes, XLA otherwise), "pallas", "interpret" (the kernel in GPU
+      interpret mode) or "xla".
       Empty arrays (M, N, K or G zero) always take the XLA path.
   Returns:
     (M, N) array.
@@ -68,7 +67,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   _check(lhs, rhs, group_sizes, transpose_rhs)
   out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
   if implementation is None:
-    implementation = "xla"
+    kernel_dtypes = (lhs.dtype == rhs.dtype and lhs.dtype.name in INPUT_DTYPES
+                     and out_dtype.name in OUTPUT_DTYPES)
+    implementation = "pallas" if kernel_dtypes and _compat.device_sm_count() else "xla"
   if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
     return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
                            transpose_rhs)
