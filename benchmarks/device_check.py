@@ -345,6 +345,11 @@ EXPERIMENTS = {
     "exp-tk128-s2": (GemmConfig(cluster=(2, 1), tile_k=128, stages=2), {}),
     "exp-group4": (GemmConfig(cluster=(2, 1), group=4), {}),
     "exp-group2": (GemmConfig(cluster=(2, 1), group=2), {}),
+    # cuBLAS (nvjet) runs 128x160 tiles with 5 stages at 4096x8192x4096 (ncu, NOTES exp. 20):
+    # more stages and narrower tiles than our default.
+    "exp-n192-s5": (GemmConfig(cluster=(2, 1), tile_n=192, stages=5, epilogue_tile=(64, 32)), {}),
+    "exp-n128-s6": (GemmConfig(cluster=(2, 1), tile_n=128, stages=6), {}),
+    "exp-epi64x32": (GemmConfig(cluster=(2, 1), epilogue_tile=(64, 32)), {}),
 }
 """Performance experiments of NOTES.md (issue 4), timed next to the default, XLA and jax."""
 
