@@ -237,40 +237,64 @@ class _Item:
   compute: jax.Array  # True: run the K loop (a real group, not the tail)
 
 
-def _decode_item(sizes_gmem, w, p: _Plan) -> _Item:
-  """The w-th work item: groups in order, each over the M tiles its rows touch,
-  then the tail rows [sum(group_sizes), rows). A scan over the G sizes, O(G)
-  scalar work per item: unrolled up to UNROLL_GROUPS (the G loads issue
-  together), a loop beyond (code size stays flat)."""
+def _item_decoder(sizes_gmem, p: _Plan):
+  """Returns decode(w) -> the w-th work item: groups in order, each over the M
+  tiles its rows touch, then the tail rows [sum(group_sizes), rows).
+
+  Up to UNROLL_GROUPS groups, the sizes are read and the group bounds scanned
+  once, here (call it before the persistent loop), and decode(w) is O(G)
+  selects on registers. Beyond, decode(w) rescans the sizes from GMEM in a
+  loop (code size stays flat)."""
   tm, prob = p.config.tile_m, p.problem
 
-  def visit(i, start, stop, count, group, m_tile, lo, hi):
+  def span_of(start, stop):
     first = lax.div(start, tm)
-    span = jnp.where(stop > start, lax.div(stop - 1, tm) - first + 1, 0)
+    return first, jnp.where(stop > start, lax.div(stop - 1, tm) - first + 1, 0)
+
+  def visit(w, i, start, stop, first, span, count, item):
     hit = (count <= w) & (w < count + span)
-    group = jnp.where(hit, i, group)
-    m_tile = jnp.where(hit, first + w - count, m_tile)
-    lo = jnp.where(hit, start, lo)
-    hi = jnp.where(hit, stop, hi)
-    return count + span, group, m_tile, lo, hi
+    group, m_tile, lo, hi = item
+    return (jnp.where(hit, i, group), jnp.where(hit, first + w - count, m_tile),
+            jnp.where(hit, start, lo), jnp.where(hit, stop, hi))
 
-  def body(i, carry):
-    end, count, group, m_tile, lo, hi = carry
-    start = end
-    end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
-    return (end, *visit(i, start, end, count, group, m_tile, lo, hi))
+  def finish(w, count, item):
+    group, m_tile, lo, hi = item
+    active = w < count
+    return _Item(group, m_tile, lo, hi, active, active & (group < prob.groups))
 
-  carry = (jnp.int32(0),) * 6
-  if prob.groups <= UNROLL_GROUPS:  # independent loads, issued together
-    for i in range(prob.groups):
-      carry = body(jnp.int32(i), carry)
-  else:
-    carry = lax.fori_loop(0, prob.groups, body, carry)
-  end, count, group, m_tile, lo, hi = carry
-  count, group, m_tile, lo, hi = visit(
-      jnp.int32(prob.groups), end, jnp.int32(prob.rows), count, group, m_tile, lo, hi)
-  active = w < count
-  return _Item(group, m_tile, lo, hi, active, active & (group < prob.groups))
+  zero = jnp.int32(0)
+  if prob.groups <= UNROLL_GROUPS:
+    bounds, end, count = [], zero, zero  # (group, start, stop, first, span, count) per group
+    for i in range(prob.groups + 1):  # the last one is the tail
+      start = end
+      if i < prob.groups:
+        end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
+      else:
+        end = jnp.int32(prob.rows)
+      first, span = span_of(start, end)
+      bounds.append((jnp.int32(i), start, end, first, span, count))
+      count = count + span
+
+    def decode(w):
+      item = (zero,) * 4
+      for bound in bounds:
+        item = visit(w, *bound, item)
+      return finish(w, count, item)
+    return decode
+
+  def decode(w):
+    def body(i, carry):
+      end, count, item = carry
+      start = end
+      end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
+      first, span = span_of(start, end)
+      return end, count + span, visit(w, i, start, end, first, span, count, item)
+
+    end, count, item = lax.fori_loop(0, prob.groups, body, (zero, zero, (zero,) * 4))
+    first, span = span_of(end, jnp.int32(prob.rows))
+    item = visit(w, jnp.int32(prob.groups), end, jnp.int32(prob.rows), first, span, count, item)
+    return finish(w, count + span, item)
+  return decode
 
 
 def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
@@ -286,20 +310,21 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   rhs_block = (tn, tk) if prob.transpose_rhs else (tk, tn)
   grid = (p.m_items * p.n_tiles,)
 
-  def position(tile_index):
+  def position(decode, tile_index):
     w, ni = raster.tile_coords(tile_index, p.m_items, p.n_tiles,
                                group=cfg.group, order=cfg.raster)
-    return _decode_item(sizes_gmem, w, p), ni
+    return decode(w), ni
 
   def scoped(a_smem, b_smem, loaded, consumed, out_smem, stage_smem):
     wg = lax.axis_index("wg")
 
     def producer():
       plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+      decode = _item_decoder(sizes_gmem, p)
 
       @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
       def steps(info, carry):
-        item, ni = position(info.index[0])
+        item, ni = position(decode, info.index[0])
 
         @pl.when(item.compute)
         def _():
@@ -338,10 +363,11 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
     def consumer():
       plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+      decode = _item_decoder(sizes_gmem, p)
 
       @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
       def _(info, carry):
-        item, ni = position(info.index[0])
+        item, ni = position(decode, info.index[0])
 
         @pl.when(item.active)
         def _():

@@ -26,7 +26,7 @@ import pytest
 from pallas_gemm import _compat
 from pallas_gemm.ragged_dot import _run_tgmm, ragged_dot
 from pallas_gemm.ragged_tgmm import TgmmConfig, TgmmProblem, ragged_tgmm
-from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _decode_item, _Plan,
+from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _item_decoder, _Plan,
                                      default_ragged_config, max_items, ragged_gemm)
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
@@ -86,7 +86,7 @@ def test_schedule_writes_every_row_once(case):
   ends = np.minimum(np.cumsum(sizes), m)
   group_of_row = np.searchsorted(ends, np.arange(rows), side="right")  # G for the tail
   decode = jax.jit(jax.vmap(lambda w: dataclasses.astuple(
-      _decode_item(jnp.asarray(sizes), w, plan))))
+      _item_decoder(jnp.asarray(sizes), plan)(w))))
   items = [np.asarray(x) for x in decode(jnp.arange(max_items(problem, config)))]
   for group, m_tile, lo, hi, active, compute in zip(*items):
     if not active:
