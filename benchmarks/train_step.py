@@ -100,7 +100,15 @@ def wall_times_ms(fn, args, iterations):
   return times
 
 
-def run(shapes, *, implementation, rounds, iterations, timer, log=print):
+def kernel_breakdown(step, args) -> list[tuple[str, float]]:
+  """(kernel name, µs) of every kernel one step launches (CUPTI, one iteration)."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  _, timings = profiler.measure(step, aggregate=False)(*args)
+  return [(name, 1e3 * ms) for name, ms in timings or ()]
+
+
+def run(shapes, *, implementation, rounds, iterations, timer, log=print, breakdown=False):
   rows = []
   for m, n, k in shapes:
     case = f"{m}x{n}x{k} bf16"
@@ -123,6 +131,9 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
                        tflops=flops / (med * 1e-3) / 1e12))
       log(f"{case:22s} {name:12s} {med:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s "
           f"(min {min(times):.3f}, max {max(times):.3f})")
+    for name, step in steps.items() if breakdown else ():
+      for kernel, us in kernel_breakdown(step, args):
+        log(f"{case:22s} {name:12s} kernel {us:8.1f} us  {kernel[:90]}")
   return rows
 
 
@@ -153,6 +164,8 @@ def main(argv=None):
   parser.add_argument("--cpu-smoke", action="store_true",
                       help=f"no GPU needed: {SMOKE_SHAPES}, XLA implementation, wall clock")
   parser.add_argument("--out", default=None, help="folder for train_step.json")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="GPU: also print every kernel of each step with its CUPTI time")
   args = parser.parse_args(argv)
   env = environment()
   on_gpu = env["platform"] == "gpu"
@@ -170,7 +183,7 @@ def main(argv=None):
   print(json.dumps(env))
   shapes = parse_shapes(args.shapes or (SHAPES if on_gpu else SMOKE_SHAPES))
   rows = run(shapes, implementation=implementation, rounds=args.rounds,
-             iterations=args.iterations, timer=timer)
+             iterations=args.iterations, timer=timer, breakdown=args.breakdown and on_gpu)
   print()
   print(format_table(rows))
   if args.out:
