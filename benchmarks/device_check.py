@@ -29,6 +29,7 @@ import numpy as np
 
 from benchmarks import matmul as harness
 from pallas_gemm import GemmConfig, matmul
+from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (return_pre)
 
 BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4,
           "float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
@@ -160,6 +161,13 @@ def checks() -> list[Check]:
       Check("NT e4m3 rowbias+residual+silu+clamp 1000x1016x1024", (1000, 1024), (1016, 1024),
             dict(transpose_b=True, row_bias=True, residual="bfloat16", activation="silu",
                  clamp=(-3.0, 3.0)), dtype="float8_e4m3fn"),
+      # y and pre from one epilogue (return_pre: what training saves); pre checked too.
+      Check("NT return_pre bias+gelu 1000x1016x520", (1000, 520), (1016, 520),
+            dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True)),
+      Check("TN return_pre rowbias+residual+silu+clamp 520x1000x1056 pingpong", (1056, 520),
+            (1056, 1000), dict(transpose_a=True, row_bias=True, residual="bfloat16",
+                               activation="silu", clamp=(-1.0, 2.0), return_pre=True,
+                               config=GemmConfig(schedule="pingpong", tile_n=128, stages=4))),
   ]
   return checks
 
@@ -235,7 +243,8 @@ def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
   res_dtype = kw.pop("residual", None)
   residual = (jax.random.normal(keys[5], (*lead, m, n), jnp.float32).astype(res_dtype)
               if res_dtype else None)
-  fn = jax.jit(lambda a, b, bias, c, rb, res: matmul(
+  entry = kernel_matmul if kw.get("return_pre") else matmul  # the public matmul has no pre
+  fn = jax.jit(lambda a, b, bias, c, rb, res: entry(
       a, b, bias=bias, c=c, row_bias=rb, residual=res, implementation="pallas", **kw))
   args = (a, b, bias, c, row_bias, residual)
   if export_only:  # CPU dry run: lower for CUDA, run nothing
@@ -244,16 +253,26 @@ def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
   t0 = time.time()
   fn.lower(*args).compile()
   compile_s = time.time() - t0
-  _poison(4 * m * n * int(np.prod(lead or (1,))) + (1 << 20))
-  out = np.asarray(fn(*args).astype(jnp.float32), np.float64)
+  _poison(8 * m * n * int(np.prod(lead or (1,))) + (1 << 20))
+  out = fn(*args)
   ref = _reference(a, b, dataclasses.replace(check, kwargs=dict(check.kwargs)), bias, c,
                    row_bias, residual)
+  if kw.get("return_pre"):  # check pre like an output, y below
+    out, pre = out
+    affine = {key: v for key, v in check.kwargs.items() if key not in ("activation", "clamp")}
+    pre_ref = _reference(a, b, dataclasses.replace(check, kwargs=affine), bias, c, row_bias)
+    pre = np.asarray(pre.astype(jnp.float32), np.float64)
+    pre_err = float(np.linalg.norm(np.nan_to_num(pre - pre_ref, nan=1e30))
+                    / max(np.linalg.norm(pre_ref), 1e-30))
+  out = np.asarray(out.astype(jnp.float32), np.float64)
   nan = int(np.isnan(out).sum())
   err = float(np.linalg.norm(np.nan_to_num(out - ref, nan=1e30)) / max(np.linalg.norm(ref), 1e-30))
   limit = bound(out_dtype, check.dtype)
   ok = nan == 0 and err <= limit and out.shape == ref.shape
   result = dict(name=check.name, ok=bool(ok), rel_err=err, nan=nan, shape=list(out.shape),
                 compile_s=round(compile_s, 2), bound=limit)
+  if kw.get("return_pre"):
+    result.update(pre_rel_err=pre_err, ok=bool(ok and pre_err <= limit))
   if check.dtype.startswith("float8") and check.b_dtype is None and not kw.get("residual") and (
       out_dtype == "float32" and len(check.a_shape) == 2):  # XLA's fp8 dot, same inputs
     ta, tb = kw.get("transpose_a", False), kw.get("transpose_b", False)

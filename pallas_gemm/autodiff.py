@@ -5,10 +5,10 @@
 Forward under differentiation. An affine epilogue (no activation, no clamp)
 is the kernel with everything fused, and the residuals are inputs only: `a`
 (for dB) and `b` (for dA), each saved only if that gradient was requested.
-With an activation or a clamp, the kernel writes the affine part
-`pre = alpha * op(a) @ op(b) + beta * c + bias + row_bias` (c and biases
-still fused) in `out_dtype`, XLA applies the rest (one elementwise pass), and
-`pre` is saved beside the inputs (plus `residual` when there is a clamp):
+With an activation or a clamp, the kernel's epilogue writes both y and the
+affine part `pre = alpha * op(a) @ op(b) + beta * c + bias + row_bias` in
+`out_dtype` (`return_pre`: one more TMA store per tile, no elementwise pass),
+and `pre` is saved beside the inputs (plus `residual` when there is a clamp):
 the derivative of gelu or silu cannot be had from their output.
 
 Backward (`g` = cotangent of y):
@@ -34,7 +34,7 @@ Gradients nobody asked for are skipped (`symbolic_zeros=True`): frozen
 weights cost no dB GEMM, inputs no dA. jax refuses `optimize_remat=True`
 together with `symbolic_zeros` ("remat optimization for custom_vjp does not
 support symbolic zeros"); it is not needed here: the residuals are inputs,
-or `pre`, which the kernel computes alone, so under `jax.checkpoint` the
+or `pre`, which the forward kernel writes beside y, so under `jax.checkpoint` the
 backward recomputes `pre` and nothing else (tests/test_autodiff.py counts
 the kernels).
 
@@ -147,8 +147,8 @@ def _fwd(call, *primals):
   wanted = _Wanted(*grads, operand_dtype=a.dtype.name)
   extras = dict(bias=bias, c=c, row_bias=row_bias)
   if call.nonlinear:
-    pre = sharding.gemm(call.affine(), a, b, **extras)
-    y = _tail(call, pre, residual).astype(call.out_dtype)
+    y, pre = sharding.gemm(dataclasses.replace(call, return_pre=True), a, b,
+                           residual=residual, **extras)
   else:
     pre, y = None, sharding.gemm(call, a, b, residual=residual, **extras)
   saved = (a if wanted.b else None, b if wanted.a else None, pre,

@@ -45,6 +45,8 @@ class GemmCall:
   out_scale: float | None = None
   config: GemmConfig | None = None
   autotune: bool | None = None
+  return_pre: bool = False
+  """Also return the affine part (y, pre), as `matmul(..., return_pre=True)`."""
 
   @property
   def nonlinear(self) -> bool:
@@ -54,7 +56,7 @@ class GemmCall:
   def affine(self, out_dtype: str | None = None) -> GemmCall:
     """This GEMM up to the activation: alpha * op(a) @ op(b) + beta * c + biases."""
     return dataclasses.replace(self, activation=None, clamp=None, out_scale=None,
-                               out_dtype=out_dtype or self.out_dtype)
+                               out_dtype=out_dtype or self.out_dtype, return_pre=False)
 
   def product(self) -> GemmCall:
     """alpha * op(a) @ op(b) alone, in f32."""
@@ -70,14 +72,16 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
   """`call`'s epilogue after alpha, in XLA, on an f32 `alpha * op(a) @ op(b)`.
 
   Biases, c and residual must broadcast against `acc` (row_bias as (..., M, 1)).
+  Returns y, or (y, pre) when `call.return_pre`.
   """
   saturate = float(jnp.finfo(call.out_dtype).max) if call.out_dtype in FP8_DTYPES else None
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(
       activation=call.activation, beta=call.beta, clamp_lo=lo, clamp_hi=hi,
       out_scale=1.0 if call.out_scale is None else call.out_scale, saturate=saturate)
-  y = epilogue_lib.apply(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual)
-  return y.astype(call.out_dtype)
+  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
+  y = epilogue_lib.finish(spec, pre, residual=residual).astype(call.out_dtype)
+  return (y, pre.astype(call.out_dtype)) if call.return_pre else y
 
 
 def _vmappable(call):
@@ -87,7 +91,7 @@ def _vmappable(call):
 
   @run.def_vmap
   def rule(axis_size, in_batched, *args):
-    return _batched(call, axis_size, in_batched, *args), True
+    return _batched(call, axis_size, in_batched, *args), (True, True) if call.return_pre else True
 
   return run
 
@@ -109,7 +113,7 @@ def _run(call, a, b, bias, c, row_bias, residual):
       activation=call.activation, c=c, alpha=call.alpha, beta=call.beta,
       out_dtype=call.out_dtype, config=call.config, implementation=call.implementation,
       autotune=call.autotune, row_bias=row_bias, residual=residual, clamp=call.clamp,
-      out_scale=call.out_scale)
+      out_scale=call.out_scale, return_pre=call.return_pre)
 
 
 def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):

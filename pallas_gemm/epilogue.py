@@ -85,6 +85,15 @@ class EpilogueSpec:
 
 def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None):
   """The formula of the module docstring in f32; `c`, biases and `residual` already broadcast."""
+  return finish(spec, affine(spec, acc, c=c, bias=bias, row_bias=row_bias), residual=residual)
+
+
+def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None):
+  """The part before the activation, in f32: alpha * acc + beta * c + bias + row_bias.
+
+  >>> affine(EpilogueSpec(alpha=2.0), jnp.array([[1.0, -1.0]]), bias=jnp.array([[0.5, 0.5]]))
+  Array([[ 2.5, -1.5]], dtype=float32)
+  """
   y = acc.astype(jnp.float32)
   if spec.alpha != 1.0:
     y = y * jnp.float32(spec.alpha)
@@ -94,6 +103,16 @@ def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual
     y = y + bias.astype(jnp.float32)
   if row_bias is not None:
     y = y + row_bias.astype(jnp.float32)
+  return y
+
+
+def finish(spec: EpilogueSpec, pre, *, residual=None):
+  """The part from the activation on, in f32, given `pre = affine(...)`.
+
+  >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
+  Array([[2.5, 0. ]], dtype=float32)
+  """
+  y = pre.astype(jnp.float32)
   if spec.activation is not None:
     y = ACTIVATIONS[spec.activation](y)
   if residual is not None:

@@ -110,8 +110,8 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out_gmem, *,
-            p: _Plan):
+def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out_gmem,
+            pre_gmem=None, *, p: _Plan):
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
@@ -260,12 +260,15 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
         plgpu.barrier_wait(bias_loaded.at[wg])
       if row_bias_smem is not None:
         plgpu.barrier_wait(row_bias_loaded.at[wg])
-      # With a chunk count that is not a multiple of the slots, the next tile's
-      # first chunk reuses the slot of this tile's last store: keep none in flight.
-      in_flight = slots - 1 if (wm // em) * (wn // en) % slots == 0 else 0
+      # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
+      # With a store count that is not a multiple of the slots, the next tile's
+      # first store reuses the slot of this tile's last one: keep none in flight.
+      per_chunk = 1 if pre_gmem is None else 2
+      in_flight = slots - 1 if (wm // em) * (wn // en) * per_chunk % slots == 0 else 0
       for i in range(wm // em):
         for j in range(wn // en):
-          out_slot = (i * (wn // en) + j) % slots
+          store = (i * (wn // en) + j) * per_chunk
+          out_slot = store % slots
           buf = out_smem.at[wg, out_slot]
           rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
@@ -290,9 +293,16 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           if res_smem is not None:
             plgpu.barrier_wait(res_loaded.at[barrier])
             res_tile = res_buf[...]
-          y = epilogue_lib.apply(
+          y = epilogue_lib.affine(
               p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
-              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, residual=res_tile)
+              c=c_tile, bias=bias_tile, row_bias=row_bias_tile)
+          if pre_gmem is not None:
+            buf[...] = y.astype(out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, _at(pre_gmem, batch_idx, rows, cols))
+            buf = out_smem.at[wg, (store + 1) % slots]
+            plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+          y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
@@ -350,7 +360,7 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
 def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
                 problem: GemmProblem, config: GemmConfig,
                 epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
-                interpret=None):
+                return_pre: bool = False, interpret=None):
   """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
 
   Args:
@@ -362,9 +372,12 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
     row_bias: f32 (m_tiles * tile_m,) zero-padded per-row bias, or None.
     residual: (batch, M, N) or (M, N) addend of `problem.residual_dtype`, added
       after the activation, or None.
+    return_pre: also write `pre = epilogue.affine(...)` (the part before the
+      activation) to a second output, from the same epilogue.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
-    (batch, M, N) or (M, N) array of `problem.out_dtype`.
+    (batch, M, N) or (M, N) array of `problem.out_dtype`; with `return_pre`,
+    a pair (out, pre) of such arrays.
   """
   config.validate(problem)
   ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
@@ -388,12 +401,13 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
   out_shape = (problem.m, problem.n)
   if a.ndim == 3 or b.ndim == 3:
     out_shape = (problem.batch, *out_shape)
+  out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))
   cluster_kwargs = {}
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
   kernel = plgpu.kernel(
       functools.partial(_kernel, p=plan),
-      out_type=jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype)),
+      out_type=(out_type, out_type) if return_pre else out_type,
       grid=(num_sms // config.cluster_size,),
       grid_names=("sm",),
       num_threads=3,

@@ -42,7 +42,7 @@ INTERPRET_NUM_SMS = 2
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
            implementation: str | None = None, autotune: bool | None = None,
-           row_bias=None, residual=None, clamp=None, out_scale=None):
+           row_bias=None, residual=None, clamp=None, out_scale=None, return_pre=False):
   """Computes, with f32 accumulation and every step fused into the kernel's epilogue,
 
       y = act(alpha * op(a) @ op(b) + beta * c + bias[n] + row_bias[m]) + residual
@@ -78,8 +78,11 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       "interpret" (the kernel in GPU interpret mode, on any backend) or "xla".
     autotune: tune this problem now if the cache has no entry (outside jit
       only); None defers to the environment variable PALLAS_GEMM_AUTOTUNE=1.
+    return_pre: also return `pre = alpha * op(a) @ op(b) + beta * c + bias +
+      row_bias` (what the activation's derivative needs), in `out_dtype`,
+      written by the same epilogue (one more store per tile, no extra pass).
   Returns:
-    (..., M, N) array of `out_dtype`.
+    (..., M, N) array of `out_dtype`; with `return_pre`, the pair (y, pre).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
@@ -97,10 +100,10 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   if implementation == "xla":
-    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual)
+    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual, return_pre)
   return _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config,
                         interpret=implementation == "interpret", autotune=autotune,
-                        row_bias=row_bias, residual=residual)
+                        row_bias=row_bias, residual=residual, return_pre=bool(return_pre))
 
 
 # -- argument checking --------------------------------------------------------
@@ -190,16 +193,16 @@ def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
 
 
 # -- XLA reference path -------------------------------------------------------
-def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None):
+def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None, return_pre=False):
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if problem.transpose_b else b
   if op_a.dtype != op_b.dtype:  # mixed fp8: XLA's dot wants one dtype
     op_a, op_b = op_a.astype(jnp.bfloat16), op_b.astype(jnp.bfloat16)
   acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
-  y = epilogue_lib.apply(spec, acc, c=c, bias=bias,
-                         row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
-                         residual=residual)
-  return y.astype(problem.out_dtype)
+  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias,
+                            row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None])
+  y = epilogue_lib.finish(spec, pre, residual=residual).astype(problem.out_dtype)
+  return (y, pre.astype(problem.out_dtype)) if return_pre else y
 
 
 # -- kernel path --------------------------------------------------------------
@@ -314,7 +317,7 @@ def _k_major(a, b, problem):
 
 
 def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
-                   row_bias=None, residual=None):
+                   row_bias=None, residual=None, return_pre=False):
   m, n = problem.m, problem.n
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
@@ -356,8 +359,9 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   if residual is not None:
     residual = _pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
-  out = hopper_gemm(
+  outs = hopper_gemm(
       a, b, bias, c, row_bias=row_bias, residual=residual,
-      problem=kernel_problem, config=config, epilogue=spec,
+      problem=kernel_problem, config=config, epilogue=spec, return_pre=return_pre,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
-  return out[..., :problem.m, :n].reshape(*batch_shape, m, n)
+  crop = lambda out: out[..., :problem.m, :n].reshape(*batch_shape, m, n)
+  return tuple(map(crop, outs)) if return_pre else crop(outs)

@@ -64,7 +64,7 @@ def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=Non
 
   sharded = jax.shard_map(
       local, mesh=mesh, in_specs=tuple(_p(specs[name]) for name in arrays),
-      out_specs=_p(plan.out), check_vma=False)
+      out_specs=(_p(plan.out),) * 2 if call.return_pre else _p(plan.out), check_vma=False)
   return jax.jit(sharded)(*(reshard(x, specs[name], mesh) for name, x in arrays.items()))
 
 

@@ -2,6 +2,7 @@
 and every rejected one fails with pallas_gemm's own error, before Mosaic sees it."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -236,3 +237,20 @@ def test_pingpong_needs_even_stages_from_4(stages):
   config = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=stages)
   with pytest.raises(ValueError, match=r"^GemmConfig\.stages=.*even and >= 4 for pingpong"):
     config.validate(GemmProblem(m=4096, n=4096, k=4096))
+
+
+@pytest.mark.parametrize("config", [None, GemmConfig(schedule="pingpong", tile_n=128, stages=4),
+                                    GemmConfig(stages=3, epilogue_tile=None)],
+                         ids=["default", "pingpong", "whole-tile-epilogue"])
+def test_return_pre(config):
+  """y and pre from one epilogue: two outputs of the same kernel (what training saves)."""
+  from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry
+
+  args = (jax.ShapeDtypeStruct((1000, 520), jnp.bfloat16),
+          jax.ShapeDtypeStruct((1016, 520), jnp.bfloat16), jax.ShapeDtypeStruct((1016,), jnp.float32))
+  fn = jax.jit(lambda a, b, bias: kernel_matmul(
+      a, b, bias=bias, transpose_b=True, activation="gelu_tanh", return_pre=True, config=config,
+      implementation="pallas"))
+  exported = jax.export.export(fn, platforms=["cuda"])(*args)
+  assert [a.shape for a in exported.out_avals] == [(1000, 1016)] * 2
+  assert re.findall(r"custom_call @(\w+)", exported.mlir_module()) == ["mosaic_gpu_v2"]  # one launch

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
+from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.hopper_gemm import hopper_gemm
+from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (not differentiable)
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
@@ -258,4 +260,41 @@ def test_odd_epilogue_chunk_count_has_no_race():
   out = hopper_gemm(a, b, problem=problem, config=config,
                     interpret=_compat.interpret_params(zero_fill=False, detect_races=True))
   _check(out, _reference(a, b, False, False), "bfloat16")
+  assert not interpret_pallas_call.get_races().races_found
+
+
+def test_return_pre():
+  """y and the affine part `pre` from one epilogue (what training saves), vs float64."""
+  rng = np.random.default_rng(10)
+  m, n, k = 200, 264, 128
+  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
+  bias, row_bias = _random(rng, (n,), jnp.float32), _random(rng, (m,), jnp.float32)
+  residual = _random(rng, (m, n), "bfloat16")
+  y, pre = kernel_matmul(a, b, bias=bias, row_bias=row_bias, residual=residual,
+                         activation="silu", clamp=(-1.0, 3.0), return_pre=True,
+                         implementation="interpret")
+  want_pre = (_reference(a, b, False, False, bias=bias)
+              + np.asarray(row_bias, np.float64)[:, None])
+  want_y = np.clip(want_pre / (1 + np.exp(-want_pre))
+                   + np.asarray(residual.astype(jnp.float32), np.float64), -1.0, 3.0)
+  _check(pre, want_pre, "bfloat16")
+  _check(y, want_y, "bfloat16")
+
+
+@needs_transposes  # the race detector models async TMA stores from jax 0.11
+def test_return_pre_has_no_race():
+  """Two stores per epilogue chunk through the same two slots: each slot's
+  previous TMA store must have read it before it is overwritten."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+  rng = np.random.default_rng(11)
+  a, b = _random(rng, (128, 64), "bfloat16"), _random(rng, (64, 576), "bfloat16")
+  problem = GemmProblem(m=128, n=576, k=64)
+  config = GemmConfig(tile_n=192, num_sms=1, stages=2, cluster=(1, 1))
+  spec = epilogue_lib.EpilogueSpec(activation="relu")
+  y, pre = hopper_gemm(a, b, problem=problem, config=config, epilogue=spec, return_pre=True,
+                       interpret=_compat.interpret_params(zero_fill=False, detect_races=True))
+  ref = _reference(a, b, False, False)
+  _check(pre, ref, "bfloat16")
+  _check(y, np.maximum(ref, 0), "bfloat16")
   assert not interpret_pallas_call.get_races().races_found
