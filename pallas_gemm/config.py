@@ -92,6 +92,9 @@ class GemmConfig:
     epilogue_tile: (rows, cols) of one epilogue store, or None for the whole
       warpgroup tile; two such buffers per warpgroup are double-buffered.
     num_sms: persistent grid size; None means the device's SM count (132 on H100).
+    split_k: K is cut into this many slices (at most; see `k_splits`), each a
+      separate work unit writing f32 partial sums that XLA adds and passes
+      through the epilogue (`pallas_gemm.split_k`). 1: no split.
   """
 
   tile_m: int = 128
@@ -105,6 +108,7 @@ class GemmConfig:
   group: int = 8
   epilogue_tile: tuple[int, int] | None = (64, 64)
   num_sms: int | None = None
+  split_k: int = 1
 
   # -- derived shapes -------------------------------------------------------
   @property
@@ -130,8 +134,33 @@ class GemmConfig:
   def cluster_size(self) -> int:
     return self.cluster[0] * self.cluster[1]
 
+  def k_splits(self, problem: GemmProblem) -> tuple[int, int]:
+    """(splits, k_iters): K slices the kernel runs and tile_k steps per slice.
+
+    Every slice but the last has `k_iters` steps; the last has at least one
+    step inside K, the rest of it reads TMA's zero fill. `split_k` is lowered
+    to the number of slices that are not empty.
+
+    >>> GemmConfig(split_k=3).k_splits(GemmProblem(m=40, n=136, k=1000))  # 16 steps
+    (3, 6)
+    >>> GemmConfig(split_k=4).k_splits(GemmProblem(m=8, n=8, k=576))       # 9 steps
+    (3, 3)
+    """
+    steps = tiles(problem.k, self.tile_k)
+    k_iters = tiles(steps, min(self.split_k, steps))
+    return tiles(steps, k_iters), k_iters
+
+  def kernel_problem(self, problem: GemmProblem) -> GemmProblem:
+    """What the kernel launch itself computes: with split-K, f32 partial sums
+    and no epilogue extras (those run in XLA after the sum)."""
+    if self.k_splits(problem)[0] == 1:
+      return problem
+    return dataclasses.replace(problem, out_dtype="float32", has_bias=False, has_c=False,
+                               has_row_bias=False, residual_dtype=None)
+
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
+    problem = self.kernel_problem(problem)
     round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
     a_bytes = _itemsize(problem.dtype)
     b_bytes = _itemsize(problem.dtype_b)
@@ -175,7 +204,14 @@ class GemmConfig:
         self.num_sms < 1 or self.num_sms % self.cluster_size
     ):
       fail("num_sms", f"must be a positive multiple of the cluster size {self.cluster_size}")
+    if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 1:
+      fail("split_k", "must be an int >= 1")
+    steps = tiles(problem.k, self.tile_k)
+    if self.split_k > steps:
+      fail("split_k", f"exceeds the {steps} tile_k={self.tile_k} steps of K={problem.k} "
+                      "(a slice needs at least one)")
     _validate_dtypes(problem)
+    problem = self.kernel_problem(problem)
 
     wm, wn = self.wg_tile
     if self.schedule == "pingpong" or self.wg_split == "n":
