@@ -15,8 +15,8 @@ reduction. It picks the split count with the least predicted time, and only
 splits when that beats no split by `MIN_GAIN`.
 
 >>> from pallas_gemm.config import GemmProblem
->>> choose(GemmProblem(m=16, n=4096, k=4096), tile_m=64, tile_n=128, tile_k=64, stages=6)
-4
+>>> choose(GemmProblem(m=16, n=1024, k=8192), tile_m=64, tile_n=128, tile_k=64, stages=8)
+6
 >>> choose(GemmProblem(m=8192, n=8192, k=8192), tile_m=128, tile_n=256, tile_k=64, stages=4)
 1
 """
@@ -37,8 +37,9 @@ MAIN_LOOP_EFFICIENCY = 0.87
 HBM_BYTES_PER_S = 3.0e12
 """Achievable HBM3 bandwidth (3.35 TB/s spec)."""
 
-SM_BYTES_PER_S = 150e9
-"""Most one SM takes in through TMA (~80 B/clk at 1.83 GHz): an assumption, to measure."""
+SM_BYTES_PER_S = 80e9
+"""Most one SM takes in through TMA (~45 B/clk at 1.8 GHz): an assumption for the
+device run to check (about 40 SMs then saturate HBM)."""
 
 LOAD_LATENCY_S = 1.0e-6
 """Loaded HBM latency; an SM's intake is at most its bytes in flight per latency."""
