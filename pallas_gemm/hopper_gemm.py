@@ -383,6 +383,11 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
     > 1, (splits * batch, M, N) partial sums, slice-major (see `GemmConfig.k_splits`).
   """
   config.validate(problem)
+  if config.k_splits(problem)[0] > 1 and (
+      config.kernel_problem(problem) != problem or epilogue != epilogue_lib.EpilogueSpec()):
+    raise ValueError(f"GemmConfig.split_k={config.split_k}: a split-K launch writes f32 partial "
+                     "sums without an epilogue (pass problem=config.kernel_problem(problem) and "
+                     "no epilogue; `matmul` sums the slices and applies the epilogue)")
   ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
   if ab_transforms is None:
     raise ValueError(

@@ -108,16 +108,22 @@ def choose(problem: GemmProblem, *, tile_m: int, tile_n: int, tile_k: int, stage
   Tried: every count up to one wave of work units, each slice keeping at
   least `MIN_STEPS_PER_SLICE` steps.
   """
+  kw = dict(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, num_sms=num_sms)
+  best = best_split(problem, **kw)
+  if best is None or best.seconds > MIN_GAIN * estimate(problem, 1, **kw).seconds:
+    return 1
+  return best.split_k
+
+
+def best_split(problem: GemmProblem, *, tile_m: int, tile_n: int, tile_k: int, stages: int,
+               num_sms: int = 132) -> Estimate | None:
+  """The fastest predicted split count >= 2 (None if K or the tile count allows none)."""
   steps = tiles(problem.k, tile_k)
   mn_tiles = problem.batch * tiles(problem.m, tile_m) * tiles(problem.n, tile_n)
   most = min(num_sms // mn_tiles, steps // MIN_STEPS_PER_SLICE)
   kw = dict(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, num_sms=num_sms)
-  unsplit = estimate(problem, 1, **kw).seconds
-  best = min((estimate(problem, s, **kw) for s in range(2, most + 1)),
+  return min((estimate(problem, s, **kw) for s in range(2, most + 1)),
              key=lambda e: e.seconds, default=None)
-  if best is None or best.seconds > MIN_GAIN * unsplit:
-    return 1
-  return best.split_k
 
 
 def reduce(partials, splits: int, spec, out_dtype, *, bias=None, c=None, row_bias=None,
