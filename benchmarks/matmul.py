@@ -263,7 +263,7 @@ def main(argv=None):
   parser.add_argument("--m-values", default=None,
                       help="sweeps: comma list of M values to keep, or 'all' (llm default: 1,16,64,256)")
   parser.add_argument("--max-shapes", type=int, default=None, help="sweeps: only the first N shapes")
-  parser.add_argument("--budget-s", type=float, default=200.0,
+  parser.add_argument("--budget-s", type=float, default=180.0,
                       help="sweeps: start no new shape after this many seconds")
   parser.add_argument("--compare-split", action="store_true",
                       help="sweeps: also time each shape with the other split-K choice (pallas_alt)")
