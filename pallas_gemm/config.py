@@ -332,21 +332,21 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
     num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
   base = GemmConfig(tile_k=default_tile_k(problem.dtype),
                     wg_split="n" if problem.transpose_a else "m")
+  few_tiles = problem.batch * tiles(problem.m, base.tile_m) * tiles(problem.n, base.tile_n) < num_sms
   if problem.m <= DECODE_MAX_M:
     options, max_stages = [dataclasses.replace(base, tile_m=64, tile_n=128, wg_split="n")], 8
   else:
     options, max_stages = [base], 4
     if tiles(problem.m, base.tile_m) >= 2:
       options = [dataclasses.replace(base, cluster=(2, 1))]
-    mn_tiles = problem.batch * tiles(problem.m, base.tile_m) * tiles(problem.n, base.tile_n)
-    if mn_tiles < num_sms:
+    if few_tiles:
       options.append(dataclasses.replace(options[0], tile_n=128))
   best = None
   for cfg in options:
     cfg = _fit_stages(cfg, problem, max_stages)
     kw = dict(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, stages=cfg.stages,
               num_sms=num_sms)
-    splits = split_k.choose(problem, **kw) if len(options) > 1 or problem.m <= DECODE_MAX_M else 1
+    splits = split_k.choose(problem, **kw) if few_tiles or problem.m <= DECODE_MAX_M else 1
     if splits > 1:
       cfg = _fit_stages(dataclasses.replace(cfg, split_k=splits,
                                             epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, max_stages)
