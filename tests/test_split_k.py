@@ -215,6 +215,7 @@ def test_summary_table_geomean_and_worst_shape():
   assert "decode (M <= 64) % of the memory roofline: min" in lines[-1]
 
 
+@pytest.mark.filterwarnings("ignore:matplotlib is not installed")
 def test_sweep_run_writes_json_and_prints_per_shape(tmp_path, monkeypatch):
   from benchmarks import matmul as harness
 
