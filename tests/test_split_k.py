@@ -119,6 +119,9 @@ def test_autotune_tries_split_k_where_it_can_pay():
   for c in configs:
     c.validate(DECODE)
   assert {c.split_k for c in candidate_configs(GemmProblem(m=8192, n=8192, k=8192))} == {1}
+  from pallas_gemm.tune import describe
+
+  assert describe(DECODE_CFG).endswith(" split_k 3") and "split_k" not in describe(GemmConfig())
 
 
 # -- lowering for CUDA ------------------------------------------------------------
