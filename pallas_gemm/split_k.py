@@ -24,8 +24,10 @@ splits when that beats no split by `MIN_GAIN`.
 from __future__ import annotations
 
 import dataclasses
-import math
 
+import jax.numpy as jnp
+
+from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.config import GemmProblem, tiles
 
 PEAK_FLOPS = 989e12
@@ -133,17 +135,12 @@ def reduce(partials, splits: int, spec, out_dtype, *, bias=None, c=None, row_bia
   Returns (batch, M, N). `bias` is (N,), `row_bias` (M,); `c` and `residual`
   broadcast against (batch, M, N).
 
-  >>> import jax.numpy as jnp
   >>> from pallas_gemm.epilogue import EpilogueSpec
   >>> parts = jnp.ones((3, 2, 2), jnp.float32)            # 3 slices of a 2x2 output
   >>> reduce(parts, 3, EpilogueSpec(activation="relu"), "bfloat16",
   ...        bias=jnp.array([-4.0, 1.0])).tolist()
   [[[0.0, 4.0], [0.0, 4.0]]]
   """
-  import jax.numpy as jnp
-
-  from pallas_gemm import epilogue as epilogue_lib
-
   acc = partials.reshape(splits, -1, *partials.shape[-2:]).sum(axis=0)
   if c is not None:
     c = c.astype(out_dtype)  # the kernel reads c in the output dtype
@@ -154,6 +151,4 @@ def reduce(partials, splits: int, spec, out_dtype, *, bias=None, c=None, row_bia
 
 
 def _itemsize(dtype: str) -> int:
-  import jax.numpy as jnp  # local: the model itself needs no jax
-
   return jnp.dtype(dtype).itemsize
