@@ -169,7 +169,36 @@ def checks() -> list[Check]:
                                activation="silu", clamp=(-1.0, 2.0), return_pre=True,
                                config=GemmConfig(schedule="pingpong", tile_n=128, stages=4))),
   ]
-  return checks
+  return checks + split_k_checks()
+
+
+def split_k_checks() -> list[Check]:
+  """Split-K (names contain "splitk"): decode shapes, every layout, K tails whose
+  last slice has whole tile_k steps past K (TMA zero fill of fully out-of-bounds
+  boxes), batches with the XLA epilogue, clusters, fp8, and the defaults."""
+  decode = GemmConfig(tile_m=64, tile_n=128, wg_split="n", stages=8, epilogue_tile=(64, 32))
+  with_split = lambda s, **kw: dataclasses.replace(decode, split_k=s, **kw)
+  return [
+      Check("NN splitk4 decode 1x4096x4096", (1, 4096), (4096, 4096), dict(config=with_split(4))),
+      Check("NN splitk3 40x136x1000 bias+gelu (2 steps past K)", (40, 1000), (1000, 136),
+            dict(config=with_split(3), bias=True, activation="gelu_tanh")),
+      Check("NT splitk6 64x1024x8192 silu", (64, 8192), (1024, 8192),
+            dict(config=with_split(6), transpose_b=True, activation="silu")),
+      Check("TT splitk8 16x1024x8192", (8192, 16), (1024, 8192),
+            dict(config=with_split(8), transpose_a=True, transpose_b=True)),
+      Check("TN splitk default 128x128x65536 (dW-like)", (65536, 128), (65536, 128),
+            dict(transpose_a=True, out_dtype="float32")),
+      Check("NN splitk4 batch2 c+rowbias+residual f32 out 72x136x700", (2, 72, 700), (2, 700, 136),
+            dict(config=GemmConfig(tile_n=128, split_k=4, epilogue_tile=(64, 32)), alpha=0.5,
+                 beta=-1.5, row_bias=True, residual="bfloat16", activation="relu",
+                 out_dtype="float32"), c_shape=(72, 136)),
+      Check("NN splitk default cluster21 256x512x32768", (256, 32768), (32768, 512)),
+      Check("NN splitk default decode 16x1024x8192", (16, 8192), (8192, 1024)),
+      Check("NN splitk default 64x4096x4096", (64, 4096), (4096, 4096)),
+      Check("NT e4m3 splitk4 64x1024x8192", (64, 8192), (1024, 8192),
+            dict(transpose_b=True, config=with_split(4, tile_k=128, stages=4)),
+            dtype="float8_e4m3fn"),
+  ]
 
 
 def _poison(nbytes: int):

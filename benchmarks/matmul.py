@@ -5,6 +5,7 @@ timed with CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), no L2 flush;
 the reported time is the median over all rounds' iterations.
 
     python -m benchmarks.matmul --shapes 4096x8192x4096,8192x8192x8192 --layouts NN,NT
+    python -m benchmarks.matmul --sweep llm --out out/llm     # a named sweep (benchmarks.sweep)
 
 On a machine without a GPU it runs the kernel in interpret mode at a tiny shape
 to exercise the code; those timings are meaningless and marked so.
@@ -189,7 +190,8 @@ def run_cases(cases, contenders_for, *, rounds=3, iterations=10, log=print):
             f"{case.flops / (ms * 1e-3) / 1e12:7.1f} TFLOP/s"))
     for name, times in samples.items():
       med = statistics.median(times)
-      row = dict(case=case.label, m=case.m, n=case.n, k=case.k, layout=case.layout,
+      row = dict(case=case.label, m=case.m, n=case.n, k=case.k, batch=case.batch,
+                 dtype=case.dtype, layout=case.layout,
                  epilogue=case.epilogue, contender=name.split("[")[0], variant=name,
                  median_ms=med, min_ms=min(times), max_ms=max(times), samples=len(times),
                  tflops=case.flops / (med * 1e-3) / 1e12)
@@ -253,10 +255,23 @@ def main(argv=None):
   parser.add_argument("--epilogue", default=None, choices=[e for e in EPILOGUES if e])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
-  parser.add_argument("--out", default=None, help="folder for results.json")
+  parser.add_argument("--out", default=os.environ.get("OUT"),
+                      help="folder for results.json (sweeps: sweep_NAME.json/.png); default $OUT")
+  parser.add_argument("--sweep", default=None,
+                      help="a named sweep of benchmarks/shapes (llm, training, odd, tall_skinny_k): "
+                           "pallas_gemm vs jnp.dot side by side, summary table last")
+  parser.add_argument("--m-values", default=None,
+                      help="sweeps: comma list of M values to keep, or 'all' (llm default: 1,16,64,256)")
+  parser.add_argument("--max-shapes", type=int, default=None, help="sweeps: only the first N shapes")
+  parser.add_argument("--budget-s", type=float, default=180.0,
+                      help="sweeps: start no new shape after this many seconds")
+  parser.add_argument("--compare-split", action="store_true",
+                      help="sweeps: also time each shape with the other split-K choice (pallas_alt)")
   args = parser.parse_args(argv)
   env = environment()
   print(json.dumps(env))
+  if args.sweep:
+    return _run_sweep(args, gpu=env["platform"] == "gpu")
   if env["platform"] != "gpu":
     print("no GPU: running the kernel in interpret mode at 128x256x64; timings are meaningless")
     case = Case(128, 256, 64)
@@ -278,6 +293,21 @@ def main(argv=None):
     with open(os.path.join(args.out, "results.json"), "w") as f:
       json.dump(dict(environment=env, rows=rows), f, indent=1)
   print(format_table(rows))
+  return 0
+
+
+def _run_sweep(args, gpu: bool) -> int:
+  from benchmarks import sweep
+
+  cases = sweep.sweep_cases(args.sweep, sweep.parse_m_values(args.m_values, args.sweep),
+                            args.max_shapes)
+  if not gpu:
+    print(sweep.plan(args.sweep, cases))
+    return 0
+  _, summary = sweep.run(args.sweep, cases, out_dir=args.out, rounds=args.rounds,
+                         iterations=args.iterations, budget_s=args.budget_s,
+                         compare_split=args.compare_split)
+  print(sweep.format_summary(args.sweep, summary))
   return 0
 
 

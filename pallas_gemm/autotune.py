@@ -33,9 +33,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from pallas_gemm import _compat
 from pallas_gemm import raster
+from pallas_gemm import split_k
 from pallas_gemm import tuning_cache
-from pallas_gemm.config import CLUSTERS, SCHEDULES, WG_SPLITS, GemmConfig, GemmProblem, tiles
+from pallas_gemm.config import (CLUSTERS, DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, SCHEDULES,
+                                WG_SPLITS, GemmConfig, GemmProblem, default_tile_k, tiles)
 
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
 """Set to 1 to let `matmul` tune shapes the cache does not know (outside jit only)."""
@@ -55,6 +58,11 @@ class SearchSpace:
   """The values tried for each `GemmConfig` field.
 
   Attributes:
+    split_k: K slice counts; counts above 1 are tried only where they keep
+      one wave of work units (see `_split_counts`), plus the count the
+      `split_k` model picks, with f32 partials stored in
+      `config.PARTIAL_EPILOGUE_TILE` chunks, and (to bound the search) only
+      for cooperative configs with the dtype's default tile_k.
     deepest_stages: per tile shape and schedule, how many of the deepest rings
       that fit in SMEM are tried (the persistent kernel runs one CTA per SM, so
       SMEM left unused by a shallower ring buys nothing).
@@ -62,6 +70,7 @@ class SearchSpace:
   """
 
   tile_m: tuple[int, ...] = (64, 128, 256)
+  split_k: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
   tile_n: tuple[int, ...] = (64, 128, 192, 256)
   tile_k: tuple[int, ...] = (32, 64, 128)
   stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7)
@@ -137,6 +146,28 @@ def _fits_problem(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int, c
           and (cn == 1 or tiles(problem.n, tile_n) >= cn))
 
 
+def _split_counts(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int,
+                  space: SearchSpace, num_sms: int) -> list[int]:
+  """The split_k values worth timing for a tile shape: 1, and the counts of
+  `space.split_k` and of the model (`split_k.choose`) that fit the output
+  tiles into one wave of work units with at least
+  `split_k.MIN_STEPS_PER_SLICE` steps per slice.
+
+  >>> space = SearchSpace()
+  >>> _split_counts(GemmProblem(m=16, n=1024, k=8192), 64, 128, 64, space, 132)
+  [1, 2, 4, 6, 8, 16]
+  >>> _split_counts(GemmProblem(m=8192, n=8192, k=8192), 128, 256, 64, space, 132)
+  [1]
+  """
+  mn_tiles = problem.batch * tiles(problem.m, tile_m) * tiles(problem.n, tile_n)
+  most = min(num_sms // mn_tiles, tiles(problem.k, tile_k) // split_k.MIN_STEPS_PER_SLICE)
+  if most < 2:
+    return [1]
+  modelled = split_k.choose(problem, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=4,
+                            num_sms=num_sms)
+  return sorted({1, modelled, *(s for s in space.split_k if s <= most)})
+
+
 def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) -> list[GemmConfig]:
   """Every config of `space` that is worth timing for `problem` (phase 1).
 
@@ -146,30 +177,36 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
   per tile shape and schedule, the `space.deepest_stages` deepest rings that
   fit; pingpong's two rings need an even number of stages, at least 2 each.
   Raster order and group stay at their defaults (see `raster_variants`).
+  Split-K counts: see `_split_counts`.
 
   >>> len(candidate_configs(GemmProblem(m=8, n=8, k=8))) >= 1
   True
   """
+  num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
   configs = []
   for tm, tn, tk, schedule, cluster, epilogue_tile in itertools.product(
       space.tile_m, space.tile_n, space.tile_k, space.schedule, space.cluster,
       space.epilogue_tile):
     if not _fits_problem(problem, tm, tn, tk, cluster):
       continue
-    splits = space.wg_split if schedule == "cooperative" else (GemmConfig.wg_split,)
-    for wg_split in splits:
+    wg_splits = space.wg_split if schedule == "cooperative" else (GemmConfig.wg_split,)
+    k_split_counts = [1]
+    if schedule == "cooperative" and tk == default_tile_k(problem.dtype):
+      k_split_counts = _split_counts(problem, tm, tn, tk, space, num_sms)
+    for wg_split, k_splits in itertools.product(wg_splits, k_split_counts):
       fitting = []
       for stages in sorted(space.stages, reverse=True):
         if schedule == "pingpong" and (stages % 2 or stages < 4):
           continue
         config = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, schedule=schedule,
-                            wg_split=wg_split, cluster=cluster, epilogue_tile=epilogue_tile)
+                            wg_split=wg_split, cluster=cluster, split_k=k_splits,
+                            epilogue_tile=PARTIAL_EPILOGUE_TILE if k_splits > 1 else epilogue_tile)
         if _is_valid(config, problem):
           fitting.append(config)
         if len(fitting) == space.deepest_stages:
           break
       configs += fitting
-  return configs
+  return list(dict.fromkeys(configs))
 
 
 def raster_variants(config: GemmConfig, space: SearchSpace = SearchSpace()) -> list[GemmConfig]:

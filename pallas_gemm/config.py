@@ -92,6 +92,9 @@ class GemmConfig:
     epilogue_tile: (rows, cols) of one epilogue store, or None for the whole
       warpgroup tile; two such buffers per warpgroup are double-buffered.
     num_sms: persistent grid size; None means the device's SM count (132 on H100).
+    split_k: K is cut into this many slices (at most; see `k_splits`), each a
+      separate work unit writing f32 partial sums that XLA adds and passes
+      through the epilogue (`pallas_gemm.split_k`). 1: no split.
   """
 
   tile_m: int = 128
@@ -105,6 +108,7 @@ class GemmConfig:
   group: int = 8
   epilogue_tile: tuple[int, int] | None = (64, 64)
   num_sms: int | None = None
+  split_k: int = 1
 
   # -- derived shapes -------------------------------------------------------
   @property
@@ -130,8 +134,33 @@ class GemmConfig:
   def cluster_size(self) -> int:
     return self.cluster[0] * self.cluster[1]
 
+  def k_splits(self, problem: GemmProblem) -> tuple[int, int]:
+    """(splits, k_iters): K slices the kernel runs and tile_k steps per slice.
+
+    Every slice but the last has `k_iters` steps; the last has at least one
+    step inside K, the rest of it reads TMA's zero fill. `split_k` is lowered
+    to the number of slices that are not empty.
+
+    >>> GemmConfig(split_k=3).k_splits(GemmProblem(m=40, n=136, k=1000))  # 16 steps
+    (3, 6)
+    >>> GemmConfig(split_k=4).k_splits(GemmProblem(m=8, n=8, k=576))       # 9 steps
+    (3, 3)
+    """
+    steps = tiles(problem.k, self.tile_k)
+    k_iters = tiles(steps, min(self.split_k, steps))
+    return tiles(steps, k_iters), k_iters
+
+  def kernel_problem(self, problem: GemmProblem) -> GemmProblem:
+    """What the kernel launch itself computes: with split-K, f32 partial sums
+    and no epilogue extras (those run in XLA after the sum)."""
+    if self.k_splits(problem)[0] == 1:
+      return problem
+    return dataclasses.replace(problem, out_dtype="float32", has_bias=False, has_c=False,
+                               has_row_bias=False, residual_dtype=None)
+
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
+    problem = self.kernel_problem(problem)
     round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
     a_bytes = _itemsize(problem.dtype)
     b_bytes = _itemsize(problem.dtype_b)
@@ -175,7 +204,14 @@ class GemmConfig:
         self.num_sms < 1 or self.num_sms % self.cluster_size
     ):
       fail("num_sms", f"must be a positive multiple of the cluster size {self.cluster_size}")
+    if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 1:
+      fail("split_k", "must be an int >= 1")
+    steps = tiles(problem.k, self.tile_k)
+    if self.split_k > steps:
+      fail("split_k", f"exceeds the {steps} tile_k={self.tile_k} steps of K={problem.k} "
+                      "(a slice needs at least one)")
     _validate_dtypes(problem)
+    problem = self.kernel_problem(problem)
 
     wm, wn = self.wg_tile
     if self.schedule == "pingpong" or self.wg_split == "n":
@@ -253,29 +289,79 @@ def default_tile_k(dtype: str) -> int:
   return 128 // _itemsize(dtype)
 
 
-def default_config(problem: GemmProblem) -> GemmConfig:
-  """A good configuration for `problem` (measured on the H100; see NOTES.md).
+DEFAULT_NUM_SMS = 132
+"""H100 SXM; what `default_config` plans for when no GPU is attached."""
 
-  128x256 CTA tiles, cooperative warpgroups (64x256 each, or 128x128 when A is
-  transposed), 2-CTA clusters along M sharing B by multicast when there are
-  at least two tile rows, and as many stages as shared memory allows (4 for
-  16-bit outputs, 3 for f32).
+DECODE_MAX_M = 64
+"""Up to this M, one 64-row tile covers all rows: the decode regime."""
+
+PARTIAL_EPILOGUE_TILE = (64, 32)
+"""Epilogue stores of f32 partial sums (split-K): one 128-byte span wide, so
+that the deep rings of the table below still fit in SMEM."""
+
+
+def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConfig:
+  """A good configuration for `problem` without tuning (H100; NOTES.md).
+
+  A table, then a time model (`pallas_gemm.split_k`) where the table has a choice:
+
+  | regime                        | CTA tile            | warpgroups     | stages       | cluster     | split_k |
+  |-------------------------------|---------------------|----------------|--------------|-------------|---------|
+  | M <= 64 (decode)              | 64x128              | split N        | deepest <= 8 | 1x1         | model   |
+  | fewer output tiles than SMs   | 128x256 or 128x128 (model) | split M | 4 (fit)     | 2x1 if >= 2 tile rows | model |
+  | otherwise (e.g. 8192^3)       | 128x256             | split M        | 4 (3 f32 out)| 2x1 if >= 2 tile rows | 1 |
+
+  Warpgroups split N instead when A is transposed (its MN-major tile cannot
+  be split along M). "fit": as many stages as SMEM allows, at most the number
+  given; split-K configs store their f32 partials in `PARTIAL_EPILOGUE_TILE`
+  chunks. `num_sms` defaults to the device's SM count (132 without a GPU).
 
   >>> default_config(GemmProblem(m=4096, n=8192, k=4096)).cluster
   (2, 1)
   >>> default_config(GemmProblem(m=4096, n=8192, k=4096, out_dtype="float32")).stages
   3
+  >>> cfg = default_config(GemmProblem(m=16, n=1024, k=8192))      # decode: 8 tiles
+  >>> (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.stages, cfg.split_k)
+  (64, 128, 'n', 8, 6)
   """
-  cfg = GemmConfig(tile_k=default_tile_k(problem.dtype))
-  if problem.transpose_a:
-    cfg = dataclasses.replace(cfg, wg_split="n")
-  if problem.m <= 64:
-    cfg = dataclasses.replace(cfg, tile_m=64, wg_split="n")
-  elif tiles(problem.m, cfg.tile_m) >= 2:
-    cfg = dataclasses.replace(cfg, cluster=(2, 1))
-  # f32 outputs with an f32 residual need narrower epilogue tiles to keep 2+ stages.
+  from pallas_gemm import split_k  # local: the model module imports this one
+
+  if num_sms is None:
+    from pallas_gemm import _compat  # local: jax is only needed to ask the device
+
+    num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
+  base = GemmConfig(tile_k=default_tile_k(problem.dtype),
+                    wg_split="n" if problem.transpose_a else "m")
+  few_tiles = problem.batch * tiles(problem.m, base.tile_m) * tiles(problem.n, base.tile_n) < num_sms
+  if problem.m <= DECODE_MAX_M:
+    options, max_stages = [dataclasses.replace(base, tile_m=64, tile_n=128, wg_split="n")], 8
+  else:
+    options, max_stages = [base], 4
+    if tiles(problem.m, base.tile_m) >= 2:
+      options = [dataclasses.replace(base, cluster=(2, 1))]
+    if few_tiles:
+      options.append(dataclasses.replace(options[0], tile_n=128))
+  best = None
+  for cfg in options:
+    cfg = _fit_stages(cfg, problem, max_stages)
+    kw = dict(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, stages=cfg.stages,
+              num_sms=num_sms)
+    splits = split_k.choose(problem, **kw) if few_tiles or problem.m <= DECODE_MAX_M else 1
+    if splits > 1:
+      cfg = _fit_stages(dataclasses.replace(cfg, split_k=splits,
+                                            epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, max_stages)
+      kw["stages"] = cfg.stages
+    seconds = split_k.estimate(problem, splits, **kw).seconds
+    if best is None or seconds < best[0]:
+      best = (seconds, cfg)
+  return best[1]
+
+
+def _fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmConfig:
+  """`cfg` with the deepest ring (<= max_stages) that fits in SMEM; f32 outputs
+  with an f32 residual fall back to narrower epilogue tiles to keep 2+ stages."""
   for epilogue_tile in (cfg.epilogue_tile, (64, 32)):
-    for stages in (4, 3, 2):
+    for stages in range(max_stages, 1, -1):
       candidate = dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile)
       if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
         return candidate

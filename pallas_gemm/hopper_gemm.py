@@ -67,8 +67,14 @@ class _Plan:
   residual_transforms: tuple | None
 
   @property
+  def splits(self) -> int:
+    """K slices (split-K): each is a batch of output tiles of its own."""
+    return self.config.k_splits(self.problem)[0]
+
+  @property
   def k_iters(self) -> int:
-    return tiles(self.problem.k, self.config.tile_k)
+    """tile_k steps per tile (per K slice)."""
+    return self.config.k_splits(self.problem)[1]
 
   @property
   def m_tiles(self) -> int:
@@ -86,7 +92,7 @@ class _Plan:
   @property
   def num_tiles(self) -> int:
     mc, nc = self.cluster_tiles
-    return self.problem.batch * mc * nc
+    return self.splits * self.problem.batch * mc * nc
 
 
 def _at(ref, batch_idx, rows, cols):
@@ -97,7 +103,11 @@ def _at(ref, batch_idx, rows, cols):
 
 
 def _tile_position(p: _Plan, tile_index):
-  """(batch, m_tile, n_tile) of this CTA for a linear cluster-tile index."""
+  """(batch, m_tile, n_tile) of this CTA for a linear cluster-tile index.
+
+  With split-K, `batch` counts K slices too (slice-major): it indexes the
+  (splits * batch, M, N) output of partial sums.
+  """
   mc, nc = p.cluster_tiles
   batch_idx = lax.div(tile_index, mc * nc)
   m_c, n_c = raster.tile_coords(
@@ -146,7 +156,11 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
       @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
       def _(info):
         (tile_index,) = info.index
-        batch_idx, mi, ni = _tile_position(p, tile_index)
+        out_batch, mi, ni = _tile_position(p, tile_index)
+        # K slice and operand batch of this tile (slice 0 and out_batch without split-K).
+        k_slice, batch_idx = out_batch, 0
+        if prob.batch > 1:
+          k_slice, batch_idx = lax.div(out_batch, prob.batch), lax.rem(out_batch, prob.batch)
 
         @pl.loop(0, p.k_iters)
         def _(k):
@@ -156,10 +170,11 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           def _():
             plgpu.barrier_wait(consumed.at[buf])
 
-          rows_a, cols_a = pl.ds(mi * tm, tm), pl.ds(k * tk, tk)
+          k0 = (k_slice * p.k_iters + k) * tk  # past K: TMA zero-fills (last slice only)
+          rows_a, cols_a = pl.ds(mi * tm, tm), pl.ds(k0, tk)
           if prob.transpose_a:
             rows_a, cols_a = cols_a, rows_a
-          rows_b, cols_b = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
+          rows_b, cols_b = pl.ds(k0, tk), pl.ds(ni * tn, tn)
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
           plgpu.copy_gmem_to_smem(
@@ -377,9 +392,15 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (batch, M, N) or (M, N) array of `problem.out_dtype`; with `return_pre`,
-    a pair (out, pre) of such arrays.
+    a pair (out, pre) of such arrays; with `config.split_k` > 1,
+    (splits * batch, M, N) partial sums, slice-major (see `GemmConfig.k_splits`).
   """
   config.validate(problem)
+  if config.k_splits(problem)[0] > 1 and (
+      config.kernel_problem(problem) != problem or epilogue != epilogue_lib.EpilogueSpec()):
+    raise ValueError(f"GemmConfig.split_k={config.split_k}: a split-K launch writes f32 partial "
+                     "sums without an epilogue (pass problem=config.kernel_problem(problem) and "
+                     "no epilogue; `matmul` sums the slices and applies the epilogue)")
   ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
   if ab_transforms is None:
     raise ValueError(
@@ -399,8 +420,8 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
   plan = _Plan(problem, config, epilogue, *ab_transforms,
                smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms)
   out_shape = (problem.m, problem.n)
-  if a.ndim == 3 or b.ndim == 3:
-    out_shape = (problem.batch, *out_shape)
+  if a.ndim == 3 or b.ndim == 3 or plan.splits > 1:
+    out_shape = (plan.splits * problem.batch, *out_shape)
   out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))
   cluster_kwargs = {}
   if config.cluster_size > 1:

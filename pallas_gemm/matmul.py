@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import smem
+from pallas_gemm import split_k
 from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
                                 KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem, default_config)
 from pallas_gemm.autotune import resolve_config
@@ -242,12 +243,14 @@ def _tma_layout(a, b, problem, config, interpret):
   out-of-bounds loads, and NaN poisoning of unwritten memory must stay on.
   """
   if interpret:
-    tm, tn, tk = (config.tile_m * config.cluster[0], config.tile_n * config.cluster[1],
-                  config.tile_k)
-    a_rows, a_cols = (tk, tm) if problem.transpose_a else (tm, tk)
-    b_rows, b_cols = (tn, tk) if problem.transpose_b else (tk, tn)
-    return (_pad_last2(a, _round_up(a.shape[-2], a_rows), _round_up(a.shape[-1], a_cols)),
-            _pad_last2(b, _round_up(b.shape[-2], b_rows), _round_up(b.shape[-1], b_cols)))
+    tm, tn = config.tile_m * config.cluster[0], config.tile_n * config.cluster[1]
+    splits, k_iters = config.k_splits(problem)
+    k = splits * k_iters * config.tile_k  # whole K slices: the interpreter has no zero fill
+    m, n = _round_up(problem.m, tm), _round_up(problem.n, tn)
+    a_rows, a_cols = (k, m) if problem.transpose_a else (m, k)
+    b_rows, b_cols = (n, k) if problem.transpose_b else (k, n)
+    return (_pad_last2(a, max(a_rows, a.shape[-2]), max(a_cols, a.shape[-1])),
+            _pad_last2(b, max(b_rows, b.shape[-2]), max(b_cols, b.shape[-1])))
   dtype = problem.dtype
   common = smem.widest_swizzle(dtype, config.tile_k, a.shape[-1], b.shape[-1])
   if common is not None and common >= 64:
@@ -346,6 +349,12 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
     config = _interpret_config(config, problem)
   config = config or default_config(problem)
   config.validate(problem)
+  splits = config.k_splits(problem)[0]
+  if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
+    extras = dict(bias=bias, c=c, row_bias=row_bias, residual=residual)
+    bias = c = row_bias = residual = None
+    out_dtype, final_spec = problem.out_dtype, spec
+    problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
   a, b = _tma_layout(a, b, problem, config, interpret)
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
@@ -361,7 +370,14 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
       a, b, bias, c, row_bias=row_bias, residual=residual,
-      problem=kernel_problem, config=config, epilogue=spec, return_pre=return_pre,
+      problem=kernel_problem, config=config, epilogue=spec,
+      return_pre=return_pre and splits == 1,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
-  crop = lambda out: out[..., :problem.m, :n].reshape(*batch_shape, m, n)
-  return tuple(map(crop, outs)) if return_pre else crop(outs)
+  crop = lambda out: out[..., :problem.m, :n]
+  if splits > 1:
+    outs = split_k.reduce(crop(outs), splits, final_spec, out_dtype, return_pre=return_pre,
+                          **extras)
+    crop = lambda out: out
+  outs = tuple(map(crop, outs)) if return_pre else crop(outs)
+  shaped = lambda out: out.reshape(*batch_shape, m, n)
+  return tuple(map(shaped, outs)) if return_pre else shaped(outs)

@@ -37,10 +37,12 @@ NO_GPU_STATUS = 2
 
 
 def describe(config) -> str:
-  """One line per config, e.g. '128x256x64 s4 cooperative/m cluster 1x1 along_n/8'."""
+  """One line per config, e.g. '128x256x64 s4 cooperative/m cluster 1x1 along_n/8'
+  (then ' split_k 4' when K is split)."""
   schedule = config.schedule + ("/" + config.wg_split if config.schedule == "cooperative" else "")
+  split = f" split_k {config.split_k}" if config.split_k > 1 else ""
   return (f"{config.tile_m}x{config.tile_n}x{config.tile_k} s{config.stages} {schedule} "
-          f"cluster {config.cluster[0]}x{config.cluster[1]} {config.raster}/{config.group}")
+          f"cluster {config.cluster[0]}x{config.cluster[1]} {config.raster}/{config.group}{split}")
 
 
 def missing_gpu() -> str | None:
