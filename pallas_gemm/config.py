@@ -63,6 +63,14 @@ class GemmProblem:
   has_row_bias: bool = False
   residual_dtype: str | None = None
   """dtype of the residual added after the activation; None: no residual."""
+  has_scales: bool = False
+  """Runtime scalars (accumulator and output scale) read from device memory."""
+  has_row_scale: bool = False
+  """A runtime per-row (M) multiplier of the accumulator."""
+  has_col_scale: bool = False
+  """A runtime per-column (N) multiplier of the accumulator."""
+  amax: bool = False
+  """A second output: per-row maxima of |y| (before fp8 output scaling) per column tile."""
 
   @property
   def dtype_b(self) -> str:
@@ -146,6 +154,9 @@ class GemmConfig:
       total += round_up(2 * self.wg_tile[0] * 4)
     if problem.residual_dtype:
       total += round_up(2 * self.epilogue_slots * em * en * _itemsize(problem.residual_dtype))
+    if problem.has_col_scale:
+      total += round_up(2 * self.wg_tile[1] * 4)
+    total += round_up(2 * self.wg_tile[0] * 4) * (problem.has_row_scale + problem.amax)
     return total + SMEM_RESERVED_BYTES
 
   # -- checks ---------------------------------------------------------------

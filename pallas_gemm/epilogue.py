@@ -1,10 +1,15 @@
 """The fused epilogue, in f32:
 
-    y = act(alpha * acc + beta * c + bias[col] + row_bias[row]) + residual
-    y = clamp(y, lo, hi)
-    y = min(max(y * out_scale, -fp8_max), fp8_max)     (fp8 outputs only)
+    y = act(alpha * scales * acc + beta * c + bias[col] + row_bias[row]) + residual
+    y = clamp(y, lo, hi)                                        (`compute`)
+    y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
 
-The same function runs inside the kernel (on a register tile) and in the XLA
+`scales` are runtime multipliers (device values, not compiled in): a scalar,
+a per-row and a per-column vector, already broadcast; `out_scale` is the
+static `EpilogueSpec.out_scale` times an optional runtime scalar. The amax of
+a scaled fp8 GEMM is taken between `compute` and `quantize`.
+
+The same functions run inside the kernel (on a register tile) and in the XLA
 reference path, so both compute exactly the same formula.
 
 >>> import jax.numpy as jnp
@@ -83,11 +88,26 @@ class EpilogueSpec:
       )
 
 
-def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None):
-  """The formula of the module docstring in f32; `c`, biases and `residual` already broadcast."""
+def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
+          scales=(), out_scale=None):
+  """The formula of the module docstring in f32: `quantize(compute(...))`."""
+  y = compute(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual, scales=scales)
+  return quantize(spec, y, out_scale)
+
+
+def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
+            scales=()):
+  """The epilogue up to the clamp, in f32; every array argument already broadcast.
+
+  >>> import jax.numpy as jnp
+  >>> compute(EpilogueSpec(), jnp.ones((1, 2)), scales=(jnp.float32(3), jnp.array([[1.0, 2.0]])))
+  Array([[3., 6.]], dtype=float32)
+  """
   y = acc.astype(jnp.float32)
   if spec.alpha != 1.0:
     y = y * jnp.float32(spec.alpha)
+  for scale in scales:
+    y = y * scale
   if c is not None and spec.beta != 0.0:
     y = y + jnp.float32(spec.beta) * c.astype(jnp.float32)
   if bias is not None:
@@ -102,8 +122,21 @@ def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual
     y = jnp.maximum(y, jnp.float32(spec.clamp_lo))
   if spec.clamp_hi is not None:
     y = jnp.minimum(y, jnp.float32(spec.clamp_hi))
-  if spec.saturate is not None:
-    if spec.out_scale != 1.0:
-      y = y * jnp.float32(spec.out_scale)
-    y = jnp.minimum(jnp.maximum(y, jnp.float32(-spec.saturate)), jnp.float32(spec.saturate))
   return y
+
+
+def quantize(spec: EpilogueSpec, y, out_scale=None):
+  """fp8 outputs: `y * spec.out_scale * out_scale` (a runtime scalar, or None),
+  saturated at +-spec.saturate; other outputs: `y` unchanged.
+
+  >>> import jax.numpy as jnp
+  >>> quantize(EpilogueSpec(saturate=448.0), jnp.array([1.0, 300.0]), jnp.float32(2))
+  Array([  2., 448.], dtype=float32)
+  """
+  if spec.saturate is None:
+    return y
+  if spec.out_scale != 1.0:
+    y = y * jnp.float32(spec.out_scale)
+  if out_scale is not None:
+    y = y * out_scale
+  return jnp.minimum(jnp.maximum(y, jnp.float32(-spec.saturate)), jnp.float32(spec.saturate))

@@ -65,6 +65,8 @@ class _Plan:
   b_transforms: tuple
   out_transforms: tuple
   residual_transforms: tuple | None
+  valid_n: int
+  """Output columns that count in amax (the rest are padding)."""
 
   @property
   def k_iters(self) -> int:
@@ -110,8 +112,8 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out_gmem, *,
-            p: _Plan):
+def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, scalars_gmem,
+            row_scale_gmem, col_scale_gmem, out_gmem, amax_gmem=None, *, p: _Plan):
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
@@ -133,7 +135,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
     consumed_type = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
   def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded,
-             row_bias_smem, row_bias_loaded, res_smem, res_loaded):
+             row_bias_smem, row_bias_loaded, res_smem, res_loaded, row_scale_smem,
+             row_scale_loaded, col_scale_smem, col_scale_loaded, amax_smem):
     wg = lax.axis_index("wg")
 
     def slot(local_tile, k):
@@ -207,6 +210,14 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
       if row_bias_smem is not None:
         plgpu.copy_gmem_to_smem(
             row_bias_gmem.at[pl.ds(row0, wm)], row_bias_smem.at[wg], row_bias_loaded.at[wg])
+      if row_scale_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            row_scale_gmem.at[pl.ds(row0, wm)], row_scale_smem.at[wg], row_scale_loaded.at[wg])
+      if col_scale_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            col_scale_gmem.at[pl.ds(col0, wn)], col_scale_smem.at[wg], col_scale_loaded.at[wg])
+      # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
+      scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
@@ -223,7 +234,7 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
 
         result = acc[...]
         plgpu.barrier_arrive(consumed.at[slot(local_tile, p.k_iters - 1)])
-        _epilogue(result, batch_idx, row0, col0)
+        _epilogue(result, batch_idx, row0, col0, scalars)
 
     def skim(local_tile):
       """Pingpong: pass over the other warpgroup's stages (wait, release).
@@ -255,15 +266,20 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
 
       plgpu.wait_smem_to_gmem(0)
 
-    def _epilogue(result, batch_idx, row0, col0):
+    def _epilogue(result, batch_idx, row0, col0, scalars):
       if bias_smem is not None:
         plgpu.barrier_wait(bias_loaded.at[wg])
       if row_bias_smem is not None:
         plgpu.barrier_wait(row_bias_loaded.at[wg])
+      for loaded_barrier in (row_scale_loaded, col_scale_loaded):
+        if loaded_barrier is not None:
+          plgpu.barrier_wait(loaded_barrier.at[wg])
+      row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
       # With a chunk count that is not a multiple of the slots, the next tile's
       # first chunk reuses the slot of this tile's last store: keep none in flight.
       in_flight = slots - 1 if (wm // em) * (wn // en) % slots == 0 else 0
       for i in range(wm // em):
+        row_max = None
         for j in range(wn // en):
           out_slot = (i * (wn // en) + j) % slots
           buf = out_smem.at[wg, out_slot]
@@ -290,12 +306,48 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           if res_smem is not None:
             plgpu.barrier_wait(res_loaded.at[barrier])
             res_tile = res_buf[...]
-          y = epilogue_lib.apply(
+          scales = []
+          if scalars is not None:
+            scales.append(scalars[0])
+          if row_scale_smem is not None:
+            scales.append(lax.broadcast_in_dim(
+                row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,)))
+          if col_scale_smem is not None:
+            scales.append(lax.broadcast_in_dim(
+                col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
+          y = epilogue_lib.compute(
               p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
-              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, residual=res_tile)
+              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, residual=res_tile,
+              scales=tuple(scales))
+          if amax_smem is not None:
+            chunk_max = _row_abs_max(y, col0 + j * en)
+            row_max = chunk_max if row_max is None else jnp.maximum(row_max, chunk_max)
+          y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+        row_maxima.append(row_max)
+      if amax_smem is not None:
+        # The previous tile's amax store was followed by at least one chunk store:
+        # leaving one group in flight, it has finished reading amax_smem[wg].
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        for i, row_max in enumerate(row_maxima):
+          amax_smem[wg, pl.ds(i * em, em)] = row_max
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm)))
+
+    def _row_abs_max(y, first_col):
+      """max |y| along each row of an epilogue chunk, columns >= valid_n left out.
+
+      A reduction along rows stays inside each warp (shuffles): no shared scratch,
+      which the two consumer warpgroups would otherwise race on.
+      """
+      y = jnp.abs(y)
+      if p.valid_n % wn:  # the column tiles past valid_n are dropped by the caller
+        cols = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1)
+        y = jnp.where(cols < p.valid_n, y, 0.0)
+      return jnp.max(y, axis=1)
 
     lax.cond(wg == 2, producer, consumer)
 
@@ -316,6 +368,13 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           (2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
       res_loaded=None if residual_gmem is None else plgpu.Barrier(
           num_arrivals=1, num_barriers=2 * slots),
+      row_scale_smem=None if row_scale_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
+      row_scale_loaded=None if row_scale_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2),
+      col_scale_smem=None if col_scale_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
+      col_scale_loaded=None if col_scale_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2),
+      amax_smem=None if amax_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       collective_axes="wg",
   )
 
@@ -347,7 +406,8 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
   return None
 
 
-def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
+def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalars=None,
+                row_scale=None, col_scale=None, valid_n=None,
                 problem: GemmProblem, config: GemmConfig,
                 epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
                 interpret=None):
@@ -362,9 +422,17 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
     row_bias: f32 (m_tiles * tile_m,) zero-padded per-row bias, or None.
     residual: (batch, M, N) or (M, N) addend of `problem.residual_dtype`, added
       after the activation, or None.
+    scalars: f32 (2,) runtime [accumulator multiplier, fp8 output scale], or None.
+    row_scale: f32 (m_tiles * tile_m,) zero-padded per-row multiplier, or None.
+    col_scale: f32 (n_tiles * tile_n,) zero-padded per-column multiplier, or None.
+    valid_n: with `problem.amax`, the output columns that count (default N).
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
-    (batch, M, N) or (M, N) array of `problem.out_dtype`.
+    (batch, M, N) or (M, N) array of `problem.out_dtype`; with `problem.amax`
+    also f32 (batch, n_tiles * tile_n // wg_n, m_tiles * tile_m) partial maxima:
+    entry [(b,) j, r] = max |y[(b,) r, c]| over the j-th warpgroup column tile
+    (wg_n = `config.wg_tile[1]` columns), before fp8 output scaling, columns
+    >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
   """
   config.validate(problem)
   ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
@@ -384,23 +452,32 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
   plan = _Plan(problem, config, epilogue, *ab_transforms,
-               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms)
-  out_shape = (problem.m, problem.n)
-  if a.ndim == 3 or b.ndim == 3:
-    out_shape = (problem.batch, *out_shape)
+               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms,
+               valid_n=problem.n if valid_n is None else valid_n)
+  lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
+  out_type = jax.ShapeDtypeStruct((*lead, problem.m, problem.n), jnp.dtype(problem.out_dtype))
+  extra_params = {}
+  if problem.amax:
+    cm, cn = config.cluster
+    amax_shape = (*lead, plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
+                  plan.cluster_tiles[0] * cm * config.tile_m)
+    out_type = (out_type, jax.ShapeDtypeStruct(amax_shape, jnp.float32))
+    # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
+    extra_params["reduction_scratch_bytes"] = 0
   cluster_kwargs = {}
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
   kernel = plgpu.kernel(
       functools.partial(_kernel, p=plan),
-      out_type=jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype)),
+      out_type=out_type,
       grid=(num_sms // config.cluster_size,),
       grid_names=("sm",),
       num_threads=3,
       thread_name="wg",
       compiler_params=_compat.compiler_params(
-          approx_math=_use_approx_math(problem, epilogue), **EXPERIMENT_COMPILER_PARAMS),
+          approx_math=_use_approx_math(problem, epilogue), **extra_params,
+          **EXPERIMENT_COMPILER_PARAMS),
       interpret=interpret,
       **cluster_kwargs,
   )
-  return kernel(a, b, bias, row_bias, c, residual)
+  return kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
