@@ -190,16 +190,23 @@ def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
 
 
 # -- XLA reference path -------------------------------------------------------
-def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None):
+def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None, *,
+                scalars=None, row_scale=None, col_scale=None, amax=False):
+  """The XLA implementation; with `amax`, returns (y, max |y| before fp8 output scaling)."""
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if problem.transpose_b else b
   if op_a.dtype != op_b.dtype:  # mixed fp8: XLA's dot wants one dtype
     op_a, op_b = op_a.astype(jnp.bfloat16), op_b.astype(jnp.bfloat16)
   acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
-  y = epilogue_lib.apply(spec, acc, c=c, bias=bias,
-                         row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
-                         residual=residual)
-  return y.astype(problem.out_dtype)
+  scales = tuple(x for x in (None if scalars is None else scalars[0],
+                             None if row_scale is None else row_scale[:, None], col_scale)
+                 if x is not None)
+  y = epilogue_lib.compute(spec, acc, c=c, bias=bias,
+                           row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
+                           residual=residual, scales=scales)
+  out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1])
+  out = out.astype(problem.out_dtype)
+  return (out, jnp.max(jnp.abs(y))) if amax else out
 
 
 # -- kernel path --------------------------------------------------------------
@@ -314,8 +321,15 @@ def _k_major(a, b, problem):
 
 
 def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
-                   row_bias=None, residual=None):
+                   row_bias=None, residual=None, *, scalars=None, row_scale=None, col_scale=None,
+                   amax=False):
+  """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
+  scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; with
+  `amax`, returns (y, max |y| before fp8 output scaling)."""
   m, n = problem.m, problem.n
+  problem = dataclasses.replace(
+      problem, has_scales=scalars is not None, has_row_scale=row_scale is not None,
+      has_col_scale=col_scale is not None, amax=bool(amax))
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
@@ -329,6 +343,8 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
       residual = jnp.broadcast_to(residual, (*batch_shape, m, n)).reshape(-1, n)
     if row_bias is not None:
       row_bias = jnp.tile(jnp.asarray(row_bias), a.shape[0] // m)
+    if row_scale is not None:
+      row_scale = jnp.tile(row_scale, a.shape[0] // m)
     problem = dataclasses.replace(problem, m=a.shape[0], batch=1)
   else:
     a = a.reshape(-1, *a.shape[-2:]) if a.ndim > 2 else a
@@ -347,17 +363,27 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
     c = _pad_last2(c.astype(problem.out_dtype), rows, cols)
+  bias_cols = _round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
+  bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
   if bias is not None:
-    bias_cols = _round_up(cols, config.tile_n * config.cluster[1])
     bias = _pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
   if row_bias is not None:
-    bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
     row_bias = _pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
+  if row_scale is not None:
+    row_scale = _pad_last2(row_scale.astype(jnp.float32)[None], 1, bias_rows)[0]
+  if col_scale is not None:
+    col_scale = _pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
   if residual is not None:
     residual = _pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   out = hopper_gemm(
-      a, b, bias, c, row_bias=row_bias, residual=residual,
+      a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,
+      row_scale=row_scale, col_scale=col_scale, valid_n=n,
       problem=kernel_problem, config=config, epilogue=spec,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
-  return out[..., :problem.m, :n].reshape(*batch_shape, m, n)
+  if not amax:
+    return out[..., :problem.m, :n].reshape(*batch_shape, m, n)
+  out, partial = out
+  # partial[..., j, r]: max |y| of row r over the j-th warpgroup column tile.
+  partial = partial[..., :-(-n // config.wg_tile[1]), :problem.m]
+  return out[..., :problem.m, :n].reshape(*batch_shape, m, n), jnp.max(partial)
