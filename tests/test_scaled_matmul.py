@@ -297,3 +297,19 @@ def test_fp8_linear_trains_and_updates_its_scaling_state():
   assert float(model.kernel_amax_history[...][0]) <= w_amax * 1.1
   assert losses[-1] < 0.9 * losses[0]
   assert len(traces) == 1  # new scale values every step, one compilation
+
+
+# -- on a Hopper GPU (skipped elsewhere) ---------------------------------------------------
+def _device_checks():
+  from benchmarks import scaled_matmul as bench
+  return bench.checks()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", _device_checks(), ids=lambda c: c.name)
+def test_device_matrix(check):
+  from benchmarks import scaled_matmul as bench
+  if check.a_dtype != check.b_dtype and not _compat.SUPPORTS_MIXED_FP8:
+    pytest.skip("mixed fp8 needs jax >= 0.11")
+  result = bench.run_check(check, seed=hash(check.name) % 2**31)
+  assert result["ok"], result
