@@ -319,23 +319,24 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
               p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
               c=c_tile, bias=bias_tile, row_bias=row_bias_tile, residual=res_tile,
               scales=tuple(scales))
+          last_chunk = i == wm // em - 1 and j == wn // en - 1
           if amax_smem is not None:
             chunk_max = _row_abs_max(y, col0 + j * en)
             row_max = chunk_max if row_max is None else jnp.maximum(row_max, chunk_max)
+            if last_chunk:
+              # The wait before this chunk left at most the previous chunk's store
+              # in flight (or none), so the previous tile's amax store, issued
+              # before it, has finished reading amax_smem[wg].
+              for ii, maxima in enumerate((*row_maxima, row_max)):
+                amax_smem[wg, pl.ds(ii * em, em)] = maxima
           y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+          if amax_smem is not None and last_chunk:
+            plgpu.copy_smem_to_gmem(
+                amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm)))
         row_maxima.append(row_max)
-      if amax_smem is not None:
-        # The previous tile's amax store was followed by at least one chunk store:
-        # leaving one group in flight, it has finished reading amax_smem[wg].
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        for i, row_max in enumerate(row_maxima):
-          amax_smem[wg, pl.ds(i * em, em)] = row_max
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm)))
 
     def _row_abs_max(y, first_col):
       """max |y| along each row of an epilogue chunk, columns >= valid_n left out.
