@@ -309,6 +309,20 @@ def _interpret_config(config, problem):
   return config
 
 
+def _usable(config, problem):
+  """`config` if it is valid for `problem`, else None (the default config then).
+
+  The tuning cache's key leaves out some epilogue extras (row bias, residual,
+  scales, amax) that take shared memory, so a cached config may not fit.
+  """
+  if config is not None:
+    try:
+      config.validate(problem)
+    except ValueError:
+      return None
+  return config
+
+
 def _k_major(a, b, problem):
   """fp8/f32 operands: transpose (in XLA) whichever operand is not K-major."""
   if problem.dtype not in K_MAJOR_DTYPES:
@@ -354,7 +368,8 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
     if residual is not None and residual.ndim > 2:
       residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
-    config = resolve_config(problem, spec.activation, operands=(a, b), tune=autotune)
+    config = _usable(resolve_config(problem, spec.activation, operands=(a, b), tune=autotune),
+                     problem)
   if interpret:
     config = _interpret_config(config, problem)
   config = config or default_config(problem)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_gemm import GemmConfig, _compat, fp8, scaled, scaled_matmul
+from pallas_gemm import GemmConfig, GemmProblem, _compat, fp8, scaled, scaled_matmul
 from pallas_gemm.matmul import _epilogue_spec, _kernel_matmul, _problem
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
@@ -118,6 +118,17 @@ def test_config_that_does_not_fit_is_rejected_before_mosaic():
   with pytest.raises(ValueError, match=r"^GemmConfig\.stages=4: needs"):
     _export(out_dtype="bfloat16", bias=True, return_amax=True,
             config=GemmConfig(tile_k=128, stages=4, cluster=(2, 1)))
+
+
+def test_cached_config_that_does_not_fit_is_not_used():
+  """The tuning cache's key omits amax/scales; a cached config without room for them is dropped."""
+  from pallas_gemm.matmul import _usable
+
+  problem = GemmProblem(m=8192, n=8192, k=8192, dtype=E4M3, transpose_b=True, has_bias=True,
+                        amax=True)
+  assert _usable(GemmConfig(tile_k=128, stages=4), problem) is None
+  assert _usable(GemmConfig(tile_k=128, stages=3), problem) == GemmConfig(tile_k=128, stages=3)
+  assert _usable(None, problem) is None
 
 
 def test_scales_are_kernel_operands():
