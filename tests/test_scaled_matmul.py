@@ -324,3 +324,18 @@ def test_device_matrix(check):
     pytest.skip("mixed fp8 needs jax >= 0.11")
   result = bench.run_check(check, seed=hash(check.name) % 2**31)
   assert result["ok"], result
+
+
+def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
+  pytest.importorskip("flax")
+  import importlib.util  # noqa: PLC0415
+  import pathlib  # noqa: PLC0415
+
+  examples = pathlib.Path(__file__).parents[1] / "examples"
+  monkeypatch.syspath_prepend(str(examples))  # train_fp8 imports train_mlp
+  spec = importlib.util.spec_from_file_location("train_fp8", examples / "train_fp8.py")
+  example = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(example)
+  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
+                       "--implementation", "xla", "--log-every", "20"]) == 0
+  assert "PASS" in capsys.readouterr().out
