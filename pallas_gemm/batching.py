@@ -80,7 +80,8 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
       activation=call.activation, beta=call.beta, clamp_lo=lo, clamp_hi=hi,
       out_scale=1.0 if call.out_scale is None else call.out_scale, saturate=saturate)
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
-  y = epilogue_lib.finish(spec, pre, residual=residual).astype(call.out_dtype)
+  y = epilogue_lib.quantize(spec, epilogue_lib.finish(spec, pre, residual=residual))
+  y = y.astype(call.out_dtype)
   return (y, pre.astype(call.out_dtype)) if call.return_pre else y
 
 

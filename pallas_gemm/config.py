@@ -63,6 +63,14 @@ class GemmProblem:
   has_row_bias: bool = False
   residual_dtype: str | None = None
   """dtype of the residual added after the activation; None: no residual."""
+  has_scales: bool = False
+  """Runtime scalars (accumulator and output scale) read from device memory."""
+  has_row_scale: bool = False
+  """A runtime per-row (M) multiplier of the accumulator."""
+  has_col_scale: bool = False
+  """A runtime per-column (N) multiplier of the accumulator."""
+  amax: bool = False
+  """A second output: per-row maxima of |y| (before fp8 output scaling) per column tile."""
 
   @property
   def dtype_b(self) -> str:
@@ -156,7 +164,8 @@ class GemmConfig:
     if self.k_splits(problem)[0] == 1:
       return problem
     return dataclasses.replace(problem, out_dtype="float32", has_bias=False, has_c=False,
-                               has_row_bias=False, residual_dtype=None)
+                               has_row_bias=False, residual_dtype=None, has_scales=False,
+                               has_row_scale=False, has_col_scale=False, amax=False)
 
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
@@ -175,6 +184,9 @@ class GemmConfig:
       total += round_up(2 * self.wg_tile[0] * 4)
     if problem.residual_dtype:
       total += round_up(2 * self.epilogue_slots * em * en * _itemsize(problem.residual_dtype))
+    if problem.has_col_scale:
+      total += round_up(2 * self.wg_tile[1] * 4)
+    total += round_up(2 * self.wg_tile[0] * 4) * (problem.has_row_scale + problem.amax)
     return total + SMEM_RESERVED_BYTES
 
   # -- checks ---------------------------------------------------------------

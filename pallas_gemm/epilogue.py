@@ -1,10 +1,15 @@
 """The fused epilogue, in f32:
 
-    y = act(alpha * acc + beta * c + bias[col] + row_bias[row]) + residual
-    y = clamp(y, lo, hi)
-    y = min(max(y * out_scale, -fp8_max), fp8_max)     (fp8 outputs only)
+    pre = alpha * scales * acc + beta * c + bias[col] + row_bias[row]  (`affine`)
+    y = clamp(act(pre) + residual, lo, hi)                            (`finish`)
+    y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
 
-The same function runs inside the kernel (on a register tile) and in the XLA
+`scales` are runtime multipliers (device values, not compiled in): a scalar,
+a per-row and a per-column vector, already broadcast; `out_scale` is the
+static `EpilogueSpec.out_scale` times an optional runtime scalar. The amax of
+a scaled fp8 GEMM is taken between `compute` and `quantize`.
+
+The same functions run inside the kernel (on a register tile) and in the XLA
 reference path, so both compute exactly the same formula.
 
 >>> import jax.numpy as jnp
@@ -83,20 +88,37 @@ class EpilogueSpec:
       )
 
 
-def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None):
-  """The formula of the module docstring in f32; `c`, biases and `residual` already broadcast."""
-  return finish(spec, affine(spec, acc, c=c, bias=bias, row_bias=row_bias), residual=residual)
+def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
+          scales=(), out_scale=None):
+  """The formula of the module docstring in f32: `quantize(compute(...))`."""
+  y = compute(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual, scales=scales)
+  return quantize(spec, y, out_scale)
 
 
-def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None):
-  """The part before the activation, in f32: alpha * acc + beta * c + bias + row_bias.
+def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
+            scales=()):
+  """The epilogue up to the clamp, in f32 (`finish(affine(...))`); arrays already broadcast.
 
+  >>> import jax.numpy as jnp
+  >>> compute(EpilogueSpec(), jnp.ones((1, 2)), scales=(jnp.float32(3), jnp.array([[1.0, 2.0]])))
+  Array([[3., 6.]], dtype=float32)
+  """
+  pre = affine(spec, acc, c=c, bias=bias, row_bias=row_bias, scales=scales)
+  return finish(spec, pre, residual=residual)
+
+
+def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=()):
+  """The part before the activation, in f32: alpha * scales * acc + beta * c + biases.
+
+  >>> import jax.numpy as jnp
   >>> affine(EpilogueSpec(alpha=2.0), jnp.array([[1.0, -1.0]]), bias=jnp.array([[0.5, 0.5]]))
   Array([[ 2.5, -1.5]], dtype=float32)
   """
   y = acc.astype(jnp.float32)
   if spec.alpha != 1.0:
     y = y * jnp.float32(spec.alpha)
+  for scale in scales:
+    y = y * scale
   if c is not None and spec.beta != 0.0:
     y = y + jnp.float32(spec.beta) * c.astype(jnp.float32)
   if bias is not None:
@@ -107,8 +129,9 @@ def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None):
 
 
 def finish(spec: EpilogueSpec, pre, *, residual=None):
-  """The part from the activation on, in f32, given `pre = affine(...)`.
+  """From the activation to the clamp, in f32, given `pre = affine(...)`.
 
+  >>> import jax.numpy as jnp
   >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
   Array([[2.5, 0. ]], dtype=float32)
   """
@@ -121,8 +144,21 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
     y = jnp.maximum(y, jnp.float32(spec.clamp_lo))
   if spec.clamp_hi is not None:
     y = jnp.minimum(y, jnp.float32(spec.clamp_hi))
-  if spec.saturate is not None:
-    if spec.out_scale != 1.0:
-      y = y * jnp.float32(spec.out_scale)
-    y = jnp.minimum(jnp.maximum(y, jnp.float32(-spec.saturate)), jnp.float32(spec.saturate))
   return y
+
+
+def quantize(spec: EpilogueSpec, y, out_scale=None):
+  """fp8 outputs: `y * spec.out_scale * out_scale` (a runtime scalar, or None),
+  saturated at +-spec.saturate; other outputs: `y` unchanged.
+
+  >>> import jax.numpy as jnp
+  >>> quantize(EpilogueSpec(saturate=448.0), jnp.array([1.0, 300.0]), jnp.float32(2))
+  Array([  2., 448.], dtype=float32)
+  """
+  if spec.saturate is None:
+    return y
+  if spec.out_scale != 1.0:
+    y = y * jnp.float32(spec.out_scale)
+  if out_scale is not None:
+    y = y * out_scale
+  return jnp.minimum(jnp.maximum(y, jnp.float32(-spec.saturate)), jnp.float32(spec.saturate))

@@ -21,6 +21,9 @@ back to `lax.dot_general`.
 >>> layer = Linear(8, 4, activation="relu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
 >>> layer(jnp.ones((2, 8))).shape
 (2, 4)
+
+`Fp8Linear` is the fp8 counterpart of `Linear` (same parameters), with
+delayed scaling state as non-parameter variables (`Fp8Meta`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,16 @@ try:
   from flax import linen, nnx
 except ImportError as e:  # flax is an optional dependency
   raise ImportError("pallas_gemm.flax needs flax: pip install 'pallas-gemm[flax]'") from e
+import functools
+
 import jax
+import jax.numpy as jnp
 
 from pallas_gemm import autodiff
+from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
+from pallas_gemm.scaled import scaled_matmul
 
 
 class Linear(nnx.Linear):
@@ -102,3 +111,120 @@ def dense(inputs, kernel, bias=None, *, activation=None, out_dtype=None, impleme
   y = autodiff.matmul(inputs.reshape(-1, inputs.shape[-1]), kernel, bias=bias,
                       activation=activation, out_dtype=out_dtype, implementation=implementation)
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
+
+
+class Fp8Meta(nnx.Variable):
+  """fp8 scaling state (amax histories, scales): updated by the forward pass, not
+  by the optimizer (`nnx.Optimizer(..., wrt=nnx.Param)` leaves it alone)."""
+
+
+class Fp8Linear(nnx.Module):
+  """A dense layer whose forward GEMM runs in fp8 (e4m3 x e4m3, f32 accumulation),
+  with TransformerEngine-style delayed scaling.
+
+  Parameters as `nnx.Linear` (`kernel` (in, out), `bias` (out,)), so they
+  interchange with `Linear`'s. Scaling state, `Fp8Meta` variables:
+  `input_amax_history`, `kernel_amax_history` (length `amax_history_len`,
+  newest first) and `input_scale`, `kernel_scale` (quantization scales, f32
+  scalars, initially 1).
+
+  Forward: x and the kernel are quantized to e4m3 with the current scales
+  (one XLA pass each, which also takes their amax; the kernel is quantized
+  transposed, (out, in), the layout the fp8 kernel reads), then
+  `scaled_matmul(x8, w8, 1 / input_scale, 1 / kernel_scale, bias=bias)`;
+  then each history gets the new amax and each scale becomes
+  `fp8_max / (max(history) * 2**margin)` (`pallas_gemm.fp8`). The scales
+  reach the kernel as arrays, so a changed scale never recompiles.
+
+  Backward (`jax.custom_vjp`): bf16 GEMMs with the unquantized operands
+  (dx = dy @ kernel^T, dkernel = x^T @ dy, straight through the quantization),
+  so no output-gradient scaling state is needed; the e5m2-gradient variant is
+  not implemented. The activation runs in XLA after the GEMM (its derivative
+  needs the pre-activation).
+
+  Inside a jitted train step, call the model inside `nnx.value_and_grad` (or
+  `nnx.grad`) as usual: the forward's writes to the `Fp8Meta` variables are
+  carried out of the transformations and applied to the model by `nnx.jit`,
+  while the gradients cover `nnx.Param` only. Each call of the layer is one
+  step of the delayed-scaling recipe (evaluation calls update it too).
+
+  Args:
+    in_features, out_features: as `nnx.Linear`.
+    use_bias, kernel_init, bias_init, param_dtype: as `nnx.Linear`.
+    dtype: compute dtype of the backward GEMMs and of the output (bf16 default).
+    activation: None or an activation name of `pallas_gemm.epilogue.ACTIVATIONS`.
+    amax_history_len: entries kept per history (default 16).
+    margin: scales are divided by 2**margin (headroom).
+    implementation: as `pallas_gemm.scaled_matmul` (None: the kernel on a GPU).
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> layer = Fp8Linear(32, 16, rngs=nnx.Rngs(0))
+  >>> layer(jnp.ones((4, 32))).shape, float(layer.kernel_scale[...]) > 1
+  ((4, 16), True)
+  """
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+               dtype=jnp.bfloat16, param_dtype=jnp.float32,
+               kernel_init=nnx.initializers.lecun_normal(), bias_init=nnx.initializers.zeros,
+               activation: str | None = None, amax_history_len: int = 16, margin: int = 0,
+               implementation: str | None = None, rngs: nnx.Rngs):
+    if activation is not None and activation not in epilogue_lib.ACTIVATIONS:
+      raise ValueError(f"activation must be None or one of {sorted(epilogue_lib.ACTIVATIONS)}, "
+                       f"got {activation!r}")
+    if amax_history_len < 1:
+      raise ValueError(f"amax_history_len must be >= 1, got {amax_history_len}")
+    self.in_features, self.out_features = in_features, out_features
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
+    self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+    self.input_amax_history = Fp8Meta(jnp.zeros((amax_history_len,), jnp.float32))
+    self.kernel_amax_history = Fp8Meta(jnp.zeros((amax_history_len,), jnp.float32))
+    self.input_scale = Fp8Meta(jnp.ones((), jnp.float32))
+    self.kernel_scale = Fp8Meta(jnp.ones((), jnp.float32))
+    self.dtype = dtype
+    self.activation = activation
+    self.margin = margin
+    self.implementation = implementation
+
+  def __call__(self, inputs):
+    x = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype)
+    kernel = self.kernel[...].astype(self.dtype)
+    bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
+    x_scale, kernel_scale = self.input_scale[...], self.kernel_scale[...]
+    y = _fp8_dense(jnp.dtype(self.dtype).name, self.implementation, x, kernel, bias,
+                   x_scale, kernel_scale)
+    if self.activation is not None:
+      y = epilogue_lib.ACTIVATIONS[self.activation](y.astype(jnp.float32)).astype(self.dtype)
+    for history, scale, value in ((self.input_amax_history, self.input_scale, x),
+                                  (self.kernel_amax_history, self.kernel_scale, kernel)):
+      new_history = fp8.update_history(history[...], jax.lax.stop_gradient(fp8.amax(value)))
+      history[...] = new_history
+      scale[...] = fp8.scale_from_history(new_history, scale[...], margin=self.margin)
+    return y.reshape(*inputs.shape[:-1], self.out_features)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fp8_dense(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale):
+  """x @ kernel + bias with e4m3 operands quantized by the given scales."""
+  x8 = fp8.quantize(x, x_scale)
+  w8 = fp8.quantize(kernel.T, kernel_scale)  # (out, in): K-major, as the kernel reads it
+  return scaled_matmul(x8, w8, 1.0 / x_scale, 1.0 / kernel_scale, bias=bias,
+                       out_dtype=out_dtype, implementation=implementation)
+
+
+def _fp8_dense_fwd(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale):
+  y = _fp8_dense(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale)
+  return y, (x, kernel, bias is not None, x_scale, kernel_scale)
+
+
+def _fp8_dense_bwd(out_dtype, implementation, saved, g):
+  x, kernel, has_bias, x_scale, kernel_scale = saved
+  g = g.astype(x.dtype)
+  dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
+  dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
+                            implementation=implementation).astype(kernel.dtype)
+  dbias = jnp.sum(g, axis=0, dtype=jnp.float32) if has_bias else None
+  return dx, dkernel, dbias, jnp.zeros_like(x_scale), jnp.zeros_like(kernel_scale)
+
+
+_fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)

@@ -65,6 +65,10 @@ class _Plan:
   b_transforms: tuple
   out_transforms: tuple
   residual_transforms: tuple | None
+  valid_n: int
+  """Output columns that count in amax (the rest are padding)."""
+  return_pre: bool = False
+  """Write the affine part (pre-activation) to a second output as well."""
 
   @property
   def splits(self) -> int:
@@ -120,8 +124,10 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out_gmem,
-            pre_gmem=None, *, p: _Plan):
+def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, scalars_gmem,
+            row_scale_gmem, col_scale_gmem, out_gmem, *extra_outs, p: _Plan):
+  pre_gmem = extra_outs[0] if p.return_pre else None
+  amax_gmem = extra_outs[-1] if p.problem.amax else None
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
@@ -143,7 +149,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
     consumed_type = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
   def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded,
-             row_bias_smem, row_bias_loaded, res_smem, res_loaded):
+             row_bias_smem, row_bias_loaded, res_smem, res_loaded, row_scale_smem,
+             row_scale_loaded, col_scale_smem, col_scale_loaded, amax_smem):
     wg = lax.axis_index("wg")
 
     def slot(local_tile, k):
@@ -222,6 +229,14 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
       if row_bias_smem is not None:
         plgpu.copy_gmem_to_smem(
             row_bias_gmem.at[pl.ds(row0, wm)], row_bias_smem.at[wg], row_bias_loaded.at[wg])
+      if row_scale_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            row_scale_gmem.at[pl.ds(row0, wm)], row_scale_smem.at[wg], row_scale_loaded.at[wg])
+      if col_scale_smem is not None:
+        plgpu.copy_gmem_to_smem(
+            col_scale_gmem.at[pl.ds(col0, wn)], col_scale_smem.at[wg], col_scale_loaded.at[wg])
+      # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
+      scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
@@ -238,7 +253,7 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
 
         result = acc[...]
         plgpu.barrier_arrive(consumed.at[slot(local_tile, p.k_iters - 1)])
-        _epilogue(result, batch_idx, row0, col0)
+        _epilogue(result, batch_idx, row0, col0, scalars)
 
     def skim(local_tile):
       """Pingpong: pass over the other warpgroup's stages (wait, release).
@@ -270,17 +285,22 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
 
       plgpu.wait_smem_to_gmem(0)
 
-    def _epilogue(result, batch_idx, row0, col0):
+    def _epilogue(result, batch_idx, row0, col0, scalars):
       if bias_smem is not None:
         plgpu.barrier_wait(bias_loaded.at[wg])
       if row_bias_smem is not None:
         plgpu.barrier_wait(row_bias_loaded.at[wg])
+      for loaded_barrier in (row_scale_loaded, col_scale_loaded):
+        if loaded_barrier is not None:
+          plgpu.barrier_wait(loaded_barrier.at[wg])
+      row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
       # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
       # With a store count that is not a multiple of the slots, the next tile's
       # first store reuses the slot of this tile's last one: keep none in flight.
       per_chunk = 1 if pre_gmem is None else 2
       in_flight = slots - 1 if (wm // em) * (wn // en) * per_chunk % slots == 0 else 0
       for i in range(wm // em):
+        row_max = None
         for j in range(wn // en):
           store = (i * (wn // en) + j) * per_chunk
           out_slot = store % slots
@@ -308,9 +328,18 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           if res_smem is not None:
             plgpu.barrier_wait(res_loaded.at[barrier])
             res_tile = res_buf[...]
+          scales = []
+          if scalars is not None:
+            scales.append(scalars[0])
+          if row_scale_smem is not None:
+            scales.append(lax.broadcast_in_dim(
+                row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,)))
+          if col_scale_smem is not None:
+            scales.append(lax.broadcast_in_dim(
+                col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
           y = epilogue_lib.affine(
               p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
-              c=c_tile, bias=bias_tile, row_bias=row_bias_tile)
+              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, scales=tuple(scales))
           if pre_gmem is not None:
             buf[...] = y.astype(out_dtype)
             plgpu.commit_smem()
@@ -318,9 +347,36 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
             buf = out_smem.at[wg, (store + 1) % slots]
             plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
           y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
+          last_chunk = i == wm // em - 1 and j == wn // en - 1
+          if amax_smem is not None:
+            chunk_max = _row_abs_max(y, col0 + j * en)
+            row_max = chunk_max if row_max is None else jnp.maximum(row_max, chunk_max)
+            if last_chunk:
+              # The wait before this chunk's (last) store left at most one store in
+              # flight, so the previous tile's amax store, issued before it, has
+              # finished reading amax_smem[wg].
+              for ii, maxima in enumerate((*row_maxima, row_max)):
+                amax_smem[wg, pl.ds(ii * em, em)] = maxima
+          y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+          if amax_smem is not None and last_chunk:
+            plgpu.copy_smem_to_gmem(
+                amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm)))
+        row_maxima.append(row_max)
+
+    def _row_abs_max(y, first_col):
+      """max |y| along each row of an epilogue chunk, columns >= valid_n left out.
+
+      A reduction along rows stays inside each warp (shuffles): no shared scratch,
+      which the two consumer warpgroups would otherwise race on.
+      """
+      y = jnp.abs(y)
+      if p.valid_n % wn:  # the column tiles past valid_n are dropped by the caller
+        cols = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1)
+        y = jnp.where(cols < p.valid_n, y, 0.0)
+      return jnp.max(y, axis=1)
 
     lax.cond(wg == 2, producer, consumer)
 
@@ -341,6 +397,13 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, out
           (2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
       res_loaded=None if residual_gmem is None else plgpu.Barrier(
           num_arrivals=1, num_barriers=2 * slots),
+      row_scale_smem=None if row_scale_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
+      row_scale_loaded=None if row_scale_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2),
+      col_scale_smem=None if col_scale_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
+      col_scale_loaded=None if col_scale_gmem is None else plgpu.Barrier(
+          num_arrivals=1, num_barriers=2),
+      amax_smem=None if amax_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       collective_axes="wg",
   )
 
@@ -372,7 +435,8 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
   return None
 
 
-def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
+def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalars=None,
+                row_scale=None, col_scale=None, valid_n=None,
                 problem: GemmProblem, config: GemmConfig,
                 epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
                 return_pre: bool = False, interpret=None):
@@ -387,13 +451,21 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
     row_bias: f32 (m_tiles * tile_m,) zero-padded per-row bias, or None.
     residual: (batch, M, N) or (M, N) addend of `problem.residual_dtype`, added
       after the activation, or None.
+    scalars: f32 (2,) runtime [accumulator multiplier, fp8 output scale], or None.
+    row_scale: f32 (m_tiles * tile_m,) zero-padded per-row multiplier, or None.
+    col_scale: f32 (n_tiles * tile_n,) zero-padded per-column multiplier, or None.
+    valid_n: with `problem.amax`, the output columns that count (default N).
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
-    (batch, M, N) or (M, N) array of `problem.out_dtype`; with `return_pre`,
-    a pair (out, pre) of such arrays; with `config.split_k` > 1,
-    (splits * batch, M, N) partial sums, slice-major (see `GemmConfig.k_splits`).
+    (batch, M, N) or (M, N) array of `problem.out_dtype`; with `config.split_k`
+    > 1, (splits * batch, M, N) partial sums, slice-major (see `GemmConfig.k_splits`).
+    With `return_pre`, (out, pre) with `pre` like `out`. With `problem.amax`,
+    also (last) f32 (batch, n_tiles * tile_n // wg_n, m_tiles * tile_m) partial maxima:
+    entry [(b,) j, r] = max |y[(b,) r, c]| over the j-th warpgroup column tile
+    (wg_n = `config.wg_tile[1]` columns), before fp8 output scaling, columns
+    >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
   """
   config.validate(problem)
   if config.k_splits(problem)[0] > 1 and (
@@ -418,24 +490,35 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None,
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
   plan = _Plan(problem, config, epilogue, *ab_transforms,
-               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms)
-  out_shape = (problem.m, problem.n)
-  if a.ndim == 3 or b.ndim == 3 or plan.splits > 1:
-    out_shape = (plan.splits * problem.batch, *out_shape)
-  out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))
+               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms,
+               valid_n=problem.n if valid_n is None else valid_n, return_pre=return_pre)
+  lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
+  if plan.splits > 1:
+    lead = (plan.splits * problem.batch,)
+  out = jax.ShapeDtypeStruct((*lead, problem.m, problem.n), jnp.dtype(problem.out_dtype))
+  out_type = (out, out) if return_pre else (out,)
+  extra_params = {}
+  if problem.amax:
+    cm, cn = config.cluster
+    amax_shape = (*lead, plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
+                  plan.cluster_tiles[0] * cm * config.tile_m)
+    out_type += (jax.ShapeDtypeStruct(amax_shape, jnp.float32),)
+    # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
+    extra_params["reduction_scratch_bytes"] = 0
   cluster_kwargs = {}
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
   kernel = plgpu.kernel(
       functools.partial(_kernel, p=plan),
-      out_type=(out_type, out_type) if return_pre else out_type,
+      out_type=out_type if len(out_type) > 1 else out_type[0],
       grid=(num_sms // config.cluster_size,),
       grid_names=("sm",),
       num_threads=3,
       thread_name="wg",
       compiler_params=_compat.compiler_params(
-          approx_math=_use_approx_math(problem, epilogue), **EXPERIMENT_COMPILER_PARAMS),
+          approx_math=_use_approx_math(problem, epilogue), **extra_params,
+          **EXPERIMENT_COMPILER_PARAMS),
       interpret=interpret,
       **cluster_kwargs,
   )
-  return kernel(a, b, bias, row_bias, c, residual)
+  return kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)

@@ -101,7 +101,8 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if implementation is None:
     implementation = "pallas" if _compat.device_sm_count() else "xla"
   if implementation == "xla":
-    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual, return_pre)
+    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual,
+                       return_pre=bool(return_pre))
   return _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config,
                         interpret=implementation == "interpret", autotune=autotune,
                         row_bias=row_bias, residual=residual, return_pre=bool(return_pre))
@@ -194,16 +195,35 @@ def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
 
 
 # -- XLA reference path -------------------------------------------------------
-def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None, return_pre=False):
+def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None, *,
+                scalars=None, row_scale=None, col_scale=None, amax=False, return_pre=False):
+  """The XLA implementation (results as `_epilogue_in_xla` returns them)."""
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if problem.transpose_b else b
   if op_a.dtype != op_b.dtype:  # mixed fp8: XLA's dot wants one dtype
     op_a, op_b = op_a.astype(jnp.bfloat16), op_b.astype(jnp.bfloat16)
   acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
-  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias,
+  return _epilogue_in_xla(problem.out_dtype, spec, acc, bias=bias, c=c, row_bias=row_bias,
+                          residual=residual, scalars=scalars, row_scale=row_scale,
+                          col_scale=col_scale, amax=amax, return_pre=return_pre)
+
+
+def _epilogue_in_xla(out_dtype, spec, acc, *, bias=None, c=None, row_bias=None, residual=None,
+                     scalars=None, row_scale=None, col_scale=None, amax=False, return_pre=False):
+  """The epilogue on an f32 `op(a) @ op(b)` in XLA (the XLA path, and after split-K).
+
+  Returns y; with `return_pre`, (y, pre); with `amax`, max |y| before fp8 output
+  scaling is appended.
+  """
+  scales = tuple(x for x in (None if scalars is None else scalars[0],
+                             None if row_scale is None else row_scale[:, None], col_scale)
+                 if x is not None)
+  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, scales=scales,
                             row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None])
-  y = epilogue_lib.finish(spec, pre, residual=residual).astype(problem.out_dtype)
-  return (y, pre.astype(problem.out_dtype)) if return_pre else y
+  y = epilogue_lib.finish(spec, pre, residual=residual)
+  out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
+  results = (out,) + (pre.astype(out_dtype),) * return_pre + (jnp.max(jnp.abs(y)),) * amax
+  return results if len(results) > 1 else out
 
 
 # -- kernel path --------------------------------------------------------------
@@ -308,6 +328,20 @@ def _interpret_config(config, problem):
   return config
 
 
+def _usable(config, problem):
+  """`config` if it is valid for `problem`, else None (the default config then).
+
+  The tuning cache's key leaves out some epilogue extras (row bias, residual,
+  scales, amax) that take shared memory, so a cached config may not fit.
+  """
+  if config is not None:
+    try:
+      config.validate(problem)
+    except ValueError:
+      return None
+  return config
+
+
 def _k_major(a, b, problem):
   """fp8/f32 operands: transpose (in XLA) whichever operand is not K-major."""
   if problem.dtype not in K_MAJOR_DTYPES:
@@ -320,8 +354,16 @@ def _k_major(a, b, problem):
 
 
 def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
-                   row_bias=None, residual=None, return_pre=False):
+                   row_bias=None, residual=None, *, scalars=None, row_scale=None, col_scale=None,
+                   amax=False, return_pre=False):
+  """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
+  scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; results
+  as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
+  before fp8 output scaling with `amax`."""
   m, n = problem.m, problem.n
+  problem = dataclasses.replace(
+      problem, has_scales=scalars is not None, has_row_scale=row_scale is not None,
+      has_col_scale=col_scale is not None, amax=bool(amax))
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
@@ -335,6 +377,8 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
       residual = jnp.broadcast_to(residual, (*batch_shape, m, n)).reshape(-1, n)
     if row_bias is not None:
       row_bias = jnp.tile(jnp.asarray(row_bias), a.shape[0] // m)
+    if row_scale is not None:
+      row_scale = jnp.tile(row_scale, a.shape[0] // m)
     problem = dataclasses.replace(problem, m=a.shape[0], batch=1)
   else:
     a = a.reshape(-1, *a.shape[-2:]) if a.ndim > 2 else a
@@ -344,40 +388,55 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
     if residual is not None and residual.ndim > 2:
       residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
-    config = resolve_config(problem, spec.activation, operands=(a, b), tune=autotune)
+    config = _usable(resolve_config(problem, spec.activation, operands=(a, b), tune=autotune),
+                     problem)
   if interpret:
     config = _interpret_config(config, problem)
   config = config or default_config(problem)
   config.validate(problem)
   splits = config.k_splits(problem)[0]
   if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
-    extras = dict(bias=bias, c=c, row_bias=row_bias, residual=residual)
-    bias = c = row_bias = residual = None
+    extras = dict(bias=bias, c=c, row_bias=row_bias, residual=residual, scalars=scalars,
+                  row_scale=row_scale, col_scale=col_scale, amax=amax)
+    bias = c = row_bias = residual = scalars = row_scale = col_scale = None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
   a, b = _tma_layout(a, b, problem, config, interpret)
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
     c = _pad_last2(c.astype(problem.out_dtype), rows, cols)
+  bias_cols = _round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
+  bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
   if bias is not None:
-    bias_cols = _round_up(cols, config.tile_n * config.cluster[1])
     bias = _pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
   if row_bias is not None:
-    bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
     row_bias = _pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
+  if row_scale is not None:
+    row_scale = _pad_last2(row_scale.astype(jnp.float32)[None], 1, bias_rows)[0]
+  if col_scale is not None:
+    col_scale = _pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
   if residual is not None:
     residual = _pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
-      a, b, bias, c, row_bias=row_bias, residual=residual,
+      a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,
+      row_scale=row_scale, col_scale=col_scale, valid_n=n,
       problem=kernel_problem, config=config, epilogue=spec,
       return_pre=return_pre and splits == 1,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
-  crop = lambda out: out[..., :problem.m, :n]
+  crop = lambda out: out[..., :problem.m, :n].reshape(*batch_shape, m, n)
   if splits > 1:
-    outs = split_k.reduce(crop(outs), splits, final_spec, out_dtype, return_pre=return_pre,
-                          **extras)
-    crop = lambda out: out
-  outs = tuple(map(crop, outs)) if return_pre else crop(outs)
-  shaped = lambda out: out.reshape(*batch_shape, m, n)
-  return tuple(map(shaped, outs)) if return_pre else shaped(outs)
+    acc = split_k.sum_partials(outs, splits)[..., :problem.m, :n]
+    results = _epilogue_in_xla(out_dtype, final_spec, acc, return_pre=return_pre, **extras)
+    if not (return_pre or amax):
+      return results.reshape(*batch_shape, m, n)
+    arrays = tuple(x.reshape(*batch_shape, m, n) for x in results[:1 + return_pre])
+    return arrays + results[1 + return_pre:]
+  if not (return_pre or amax):
+    return crop(outs)
+  results = tuple(map(crop, outs[:1 + return_pre]))
+  if amax:
+    # partial[..., j, r]: max |y| of row r over the j-th warpgroup column tile.
+    partial = outs[-1][..., :-(-n // config.wg_tile[1]), :problem.m]
+    results += (jnp.max(partial),)
+  return results

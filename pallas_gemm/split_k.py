@@ -27,7 +27,6 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.config import GemmProblem, tiles
 
 PEAK_FLOPS = 989e12
@@ -128,27 +127,13 @@ def best_split(problem: GemmProblem, *, tile_m: int, tile_n: int, tile_k: int, s
              key=lambda e: e.seconds, default=None)
 
 
-def reduce(partials, splits: int, spec, out_dtype, *, bias=None, c=None, row_bias=None,
-           residual=None, return_pre=False):
-  """Sums the kernel's (splits * batch, M, N) f32 partials and applies the epilogue.
+def sum_partials(partials, splits: int):
+  """Sums the kernel's (splits * batch, M, N) f32 partials (slice-major) to (batch, M, N).
 
-  Returns (batch, M, N), or with `return_pre` the pair (y, pre) (`pre`: the
-  part before the activation, see `epilogue.affine`). `bias` is (N,),
-  `row_bias` (M,); `c` and `residual` broadcast against (batch, M, N).
-
-  >>> from pallas_gemm.epilogue import EpilogueSpec
-  >>> parts = jnp.ones((3, 2, 2), jnp.float32)            # 3 slices of a 2x2 output
-  >>> reduce(parts, 3, EpilogueSpec(activation="relu"), "bfloat16",
-  ...        bias=jnp.array([-4.0, 1.0])).tolist()
-  [[[0.0, 4.0], [0.0, 4.0]]]
+  >>> sum_partials(jnp.ones((3, 2, 2), jnp.float32), 3).tolist()  # 3 slices of a 2x2 output
+  [[[3.0, 3.0], [3.0, 3.0]]]
   """
-  acc = partials.reshape(splits, -1, *partials.shape[-2:]).sum(axis=0)
-  if c is not None:
-    c = c.astype(out_dtype)  # the kernel reads c in the output dtype
-  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias,
-                            row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None])
-  y = epilogue_lib.finish(spec, pre, residual=residual).astype(out_dtype)
-  return (y, pre.astype(out_dtype)) if return_pre else y
+  return partials.reshape(splits, -1, *partials.shape[-2:]).sum(axis=0)
 
 
 def _itemsize(dtype: str) -> int:

@@ -1,0 +1,110 @@
+"""Trains the MLP of `train_mlp.py` twice: with `pallas_gemm.flax.Fp8Linear` (fp8 e4m3
+forward GEMMs, delayed scaling, bf16 backward) and with the bf16 `pallas_gemm.flax.Linear`,
+from the same initial parameters on the same batches, and checks that fp8 training reaches
+the bf16 model's final loss within a tolerance.
+
+  python examples/train_fp8.py                      # CPU: XLA; GPU: the Pallas kernels
+  python examples/train_fp8.py --steps 100 --tolerance 0.3
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import pallas_gemm.flax as pflax
+from train_mlp import ACTIVATION, teacher, train_step
+
+
+class MLP(nnx.Module):
+  """Dense layers with the activation fused (bf16 `Linear`) or after the fp8 GEMM (`Fp8Linear`)."""
+
+  def __init__(self, sizes, *, fp8, implementation, rngs):
+    shapes = list(zip(sizes[:-1], sizes[1:]))
+    activations = [ACTIVATION] * (len(shapes) - 1) + [None]
+    if fp8:
+      layers = [pflax.Fp8Linear(i, o, activation=act, implementation=implementation, rngs=rngs)
+                for (i, o), act in zip(shapes, activations)]
+    else:
+      layers = [pflax.Linear(i, o, activation=act, dtype=jnp.bfloat16,
+                             implementation=implementation, rngs=rngs)
+                for (i, o), act in zip(shapes, activations)]
+    self.layers = nnx.List(layers)
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--sizes", default="128,512,512,64", help="layer widths, input first")
+  parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--tolerance", type=float, default=0.1,
+                      help="allowed relative excess of the fp8 final loss over the bf16 one")
+  parser.add_argument("--implementation", default="auto", choices=["auto", "pallas", "xla"],
+                      help="auto: the Pallas kernels on a GPU, XLA elsewhere")
+  parser.add_argument("--log-every", type=int, default=50)
+  args = parser.parse_args(argv)
+  sizes = [int(s) for s in args.sizes.split(",")]
+  implementation = None if args.implementation == "auto" else args.implementation
+
+  device = jax.devices()[0]
+  resolved = implementation or ("pallas" if device.platform == "gpu" else "xla")
+  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}; "
+        f"pallas_gemm implementation: {resolved}")
+  print(f"MLP {sizes}, {ACTIVATION} between layers, f32 params, adam lr={args.lr}, "
+        f"batch {args.batch}, {args.steps} steps")
+
+  target = teacher(sizes, jax.random.key(1))
+  models = {
+      "Fp8Linear (e4m3 fwd)": MLP(sizes, fp8=True, implementation=implementation,
+                                  rngs=nnx.Rngs(0)),
+      "Linear (bf16)": MLP(sizes, fp8=False, implementation=implementation, rngs=nnx.Rngs(0)),
+  }
+  same_init = jax.tree.all(jax.tree.map(
+      lambda x, y: bool(jnp.array_equal(x, y)),
+      *(nnx.to_pure_dict(nnx.state(m, nnx.Param)) for m in models.values())))
+  print(f"same initial parameters: {same_init}")
+  optimizers = {name: nnx.Optimizer(model, optax.adam(args.lr), wrt=nnx.Param)
+                for name, model in models.items()}
+  losses = {name: [] for name in models}
+  seconds = {name: [] for name in models}
+  for step in range(args.steps):
+    x = jax.random.normal(jax.random.fold_in(jax.random.key(2), step), (args.batch, sizes[0]))
+    y = target(x)
+    for name, model in models.items():  # interleaved: load changes hit both alike
+      start = time.perf_counter()
+      losses[name].append(float(train_step(model, optimizers[name], x, y)))
+      seconds[name].append(time.perf_counter() - start)
+    if step % args.log_every == 0 or step == args.steps - 1:
+      print(f"step {step:4d}  " +
+            "  ".join(f"{name}: {loss[-1]:.5f}" for name, loss in losses.items()))
+
+  print(f"\n{'model':22s} {'first loss':>10s} {'final loss':>10s} {'step ms (median)':>17s}")
+  for name in models:
+    timed = seconds[name][1:] or seconds[name]  # the first step compiles
+    print(f"{name:22s} {losses[name][0]:10.5f} {losses[name][-1]:10.5f} "
+          f"{1e3 * statistics.median(timed):17.2f}")
+  first = models["Fp8Linear (e4m3 fwd)"].layers[0]
+  print(f"first layer's fp8 scales after training: input {float(first.input_scale[...]):.1f}, "
+        f"kernel {float(first.kernel_scale[...]):.1f}")
+  # Average the last 10 steps: single-batch losses are noisy.
+  final = {name: statistics.fmean(loss[-10:]) for name, loss in losses.items()}
+  fp8_loss, bf16_loss = final["Fp8Linear (e4m3 fwd)"], final["Linear (bf16)"]
+  ok = same_init and fp8_loss <= bf16_loss * (1 + args.tolerance)
+  print(f"mean loss of the last 10 steps: fp8 {fp8_loss:.5f}, bf16 {bf16_loss:.5f}; "
+        f"check fp8 <= bf16 * (1 + {args.tolerance}): {'PASS' if ok else 'FAIL'}")
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
