@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Everything the H100 checks and times, in two parts that each fit one device call (~10 min):
+#
+#   bash benchmarks/run_device.sh check   # correctness: GEMM matrix (split-K included), scaled fp8,
+#                                         # grouped GEMM; then the scaled-fp8 timing table
+#   bash benchmarks/run_device.sh time    # bf16 harness (3 shapes), training step, shape sweeps
+#
+# Logs and JSON go to $OUT (default ./out); each step has its own time limit, and a
+# summary of every step's last lines is printed at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+noise='cuda_event\|cuda_stream\|Source Location\|external/xla'
+steps=()
+
+step() {  # step NAME SECONDS TAIL_LINES COMMAND...
+  local name=$1 limit=$2 lines=$3
+  shift 3
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | grep -v "$noise" > "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  steps+=("$name|$rc|$((SECONDS - t0))|$lines")
+}
+
+case "${1:-}" in
+  check)
+    step gemm_check 300 3 python -u -m benchmarks.device_check --skip-timing
+    step scaled_matmul 240 12 python -u -m benchmarks.scaled_matmul
+    step ragged_check 120 4 python -u -m benchmarks.ragged_dot --layouts N --no-grad --rounds 1
+    ;;
+  time)
+    step bf16 150 6 python -u -m benchmarks.matmul --out "$OUT/bf16"
+    step train_step 120 4 python -u -m benchmarks.train_step --out "$OUT/train"
+    step sweep_llm 200 8 python -u -m benchmarks.matmul --sweep llm --budget-s 150 --out "$OUT/llm"
+    step sweep_training 130 8 python -u -m benchmarks.matmul --sweep training --budget-s 100 \
+      --out "$OUT/training"
+    step sweep_tsk 100 8 python -u -m benchmarks.matmul --sweep tall_skinny_k --compare-split \
+      --budget-s 70 --out "$OUT/tsk"
+    ;;
+  *)
+    echo "usage: $0 check|time" >&2
+    exit 2
+    ;;
+esac
+
+echo
+for entry in "${steps[@]}"; do
+  IFS='|' read -r name rc seconds lines <<< "$entry"
+  echo "=== $name: exit $rc, ${seconds} s ($OUT/$name.log) ==="
+  tail -n "$lines" "$OUT/$name.log"
+done
