@@ -4,6 +4,7 @@
 #   bash benchmarks/run_device.sh check   # correctness: GEMM matrix (split-K included), scaled fp8,
 #                                         # grouped GEMM; then the scaled-fp8 timing table
 #   bash benchmarks/run_device.sh time    # bf16 harness (3 shapes), training step, shape sweeps
+#   bash benchmarks/run_device.sh sweeps  # the shape sweeps alone, on a shorter budget (~6 min)
 #
 # Logs and JSON go to $OUT (default ./out); each step has its own time limit, and a
 # summary of every step's last lines is printed at the end.
@@ -39,8 +40,15 @@ case "${1:-}" in
     step sweep_tsk 100 8 python -u -m benchmarks.matmul --sweep tall_skinny_k --compare-split \
       --budget-s 70 --out "$OUT/tsk"
     ;;
+  sweeps)
+    step sweep_llm 150 8 python -u -m benchmarks.matmul --sweep llm --budget-s 110 --out "$OUT/llm"
+    step sweep_training 110 8 python -u -m benchmarks.matmul --sweep training --budget-s 75 \
+      --out "$OUT/training"
+    step sweep_tsk 90 8 python -u -m benchmarks.matmul --sweep tall_skinny_k --compare-split \
+      --budget-s 55 --out "$OUT/tsk"
+    ;;
   *)
-    echo "usage: $0 check|time" >&2
+    echo "usage: $0 check|time|sweeps" >&2
     exit 2
     ;;
 esac
