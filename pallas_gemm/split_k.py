@@ -16,7 +16,7 @@ splits when that beats no split by `MIN_GAIN`.
 
 >>> from pallas_gemm.config import GemmProblem
 >>> choose(GemmProblem(m=16, n=1024, k=8192), tile_m=64, tile_n=128, tile_k=64, stages=8)
-6
+12
 >>> choose(GemmProblem(m=8192, n=8192, k=8192), tile_m=128, tile_n=256, tile_k=64, stages=4)
 1
 """
@@ -38,9 +38,11 @@ MAIN_LOOP_EFFICIENCY = 0.87
 HBM_BYTES_PER_S = 3.0e12
 """Achievable HBM3 bandwidth (3.35 TB/s spec)."""
 
-SM_BYTES_PER_S = 80e9
-"""Most one SM takes in through TMA (~45 B/clk at 1.8 GHz): an assumption for the
-device run to check (about 40 SMs then saturate HBM)."""
+SM_BYTES_PER_S = 36e9
+"""What one CTA takes in through TMA from HBM. Measured on the H100 (llm sweep,
+2026-11-22): 32 to 45 GB/s per CTA below HBM's limit (41 at 1x4096x4096: 32 CTAs, 33.5 MB
+in 25.3 us; 32 at 1x8192x8192, 64 CTAs); the first guess, 80 GB/s, made the model split too
+little (NOTES.md exp. 24)."""
 
 LOAD_LATENCY_S = 1.0e-6
 """Loaded HBM latency; an SM's intake is at most its bytes in flight per latency."""
@@ -73,8 +75,8 @@ def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, ti
 
   >>> e = estimate(GemmProblem(m=1, n=8192, k=8192), 1, tile_m=64, tile_n=128, tile_k=64,
   ...              stages=6)
-  >>> e.bound, round(e.seconds * 1e6, 1)
-  ('hbm', 46.1)
+  >>> e.bound, round(e.seconds * 1e6, 1)  # measured unsplit (8 stages): 66.4 us
+  ('sm intake', 60.1)
   """
   in_bytes = _itemsize(problem.dtype)
   steps = tiles(problem.k, tile_k)
