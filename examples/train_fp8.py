@@ -10,15 +10,13 @@ the bf16 model's final loss within a tolerance.
 import argparse
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 import pallas_gemm.flax as pflax
-from train_mlp import ACTIVATION, teacher, train_step
+from train_mlp import ACTIVATION, teacher, train_side_by_side
 
 
 class MLP(nnx.Module):
@@ -74,26 +72,8 @@ def main(argv=None):
       lambda x, y: bool(jnp.array_equal(x, y)),
       *(nnx.to_pure_dict(nnx.state(m, nnx.Param)) for m in models.values())))
   print(f"same initial parameters: {same_init}")
-  optimizers = {name: nnx.Optimizer(model, optax.adam(args.lr), wrt=nnx.Param)
-                for name, model in models.items()}
-  losses = {name: [] for name in models}
-  seconds = {name: [] for name in models}
-  for step in range(args.steps):
-    x = jax.random.normal(jax.random.fold_in(jax.random.key(2), step), (args.batch, sizes[0]))
-    y = target(x)
-    for name, model in models.items():  # interleaved: load changes hit both alike
-      start = time.perf_counter()
-      losses[name].append(float(train_step(model, optimizers[name], x, y)))
-      seconds[name].append(time.perf_counter() - start)
-    if step % args.log_every == 0 or step == args.steps - 1:
-      print(f"step {step:4d}  " +
-            "  ".join(f"{name}: {loss[-1]:.5f}" for name, loss in losses.items()))
-
-  print(f"\n{'model':22s} {'first loss':>10s} {'final loss':>10s} {'step ms (median)':>17s}")
-  for name in models:
-    timed = seconds[name][1:] or seconds[name]  # the first step compiles
-    print(f"{name:22s} {losses[name][0]:10.5f} {losses[name][-1]:10.5f} "
-          f"{1e3 * statistics.median(timed):17.2f}")
+  losses = train_side_by_side(models, target, width=sizes[0], steps=args.steps,
+                              batch=args.batch, lr=args.lr, log_every=args.log_every)
   first = models["Fp8Linear (e4m3 fwd)"].layers[0]
   print(f"first layer's fp8 scales after training: input {float(first.input_scale[...]):.1f}, "
         f"kernel {float(first.kernel_scale[...]):.1f}")

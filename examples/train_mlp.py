@@ -71,6 +71,34 @@ def train_step(model, optimizer, x, y):
   return loss
 
 
+def train_side_by_side(models, target, *, width, steps, batch, lr, log_every):
+  """Trains `models` (name -> nnx model of input `width`) with Adam on the same batches,
+  their steps interleaved so that load changes hit all alike; prints the losses every
+  `log_every` steps and a summary table; returns name -> list of per-step losses."""
+  optimizers = {name: nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+                for name, model in models.items()}
+  losses = {name: [] for name in models}
+  seconds = {name: [] for name in models}
+  for step in range(steps):
+    x = jax.random.normal(jax.random.fold_in(jax.random.key(2), step), (batch, width))
+    y = target(x)
+    for name, model in models.items():
+      start = time.perf_counter()
+      losses[name].append(float(train_step(model, optimizers[name], x, y)))
+      seconds[name].append(time.perf_counter() - start)
+    if step % log_every == 0 or step == steps - 1:
+      print(f"step {step:4d}  " +
+            "  ".join(f"{name}: {loss[-1]:.5f}" for name, loss in losses.items()))
+
+  pad = max(len(name) for name in models)
+  print(f"\n{'model':{pad}s} {'first loss':>10s} {'final loss':>10s} {'step ms (median)':>17s}")
+  for name in models:
+    timed = seconds[name][1:] or seconds[name]  # the first step compiles
+    print(f"{name:{pad}s} {losses[name][0]:10.5f} {losses[name][-1]:10.5f} "
+          f"{1e3 * statistics.median(timed):17.2f}")
+  return losses
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=300)
@@ -98,30 +126,12 @@ def main(argv=None):
                                      rngs=nnx.Rngs(0)),
       "flax nnx.Linear (XLA)": MLP(sizes, fused=False, implementation=None, rngs=nnx.Rngs(0)),
   }
-  optimizers = {name: nnx.Optimizer(model, optax.adam(args.lr), wrt=nnx.Param)
-                for name, model in models.items()}
-  losses = {name: [] for name in models}
-  seconds = {name: [] for name in models}
-  for step in range(args.steps):
-    x = jax.random.normal(jax.random.fold_in(jax.random.key(2), step), (args.batch, sizes[0]))
-    y = target(x)
-    for name, model in models.items():  # interleaved: load changes hit both alike
-      start = time.perf_counter()
-      try:
-        losses[name].append(float(train_step(model, optimizers[name], x, y)))
-      except NotImplementedError as e:  # e.g. interpret mode on jax 0.10
-        print(f"{name} cannot train here: {e}")
-        return 2
-      seconds[name].append(time.perf_counter() - start)
-    if step % args.log_every == 0 or step == args.steps - 1:
-      print(f"step {step:4d}  " +
-            "  ".join(f"{name}: {loss[-1]:.5f}" for name, loss in losses.items()))
-
-  print(f"\n{'model':26s} {'first loss':>10s} {'final loss':>10s} {'step ms (median)':>17s}")
-  for name in models:
-    timed = seconds[name][1:] or seconds[name]  # the first step compiles
-    print(f"{name:26s} {losses[name][0]:10.5f} {losses[name][-1]:10.5f} "
-          f"{1e3 * statistics.median(timed):17.2f}")
+  try:
+    losses = train_side_by_side(models, target, width=sizes[0], steps=args.steps,
+                                batch=args.batch, lr=args.lr, log_every=args.log_every)
+  except NotImplementedError as e:  # e.g. interpret mode on jax 0.10
+    print(f"cannot train here: {e}")
+    return 2
   went_down = all(loss[-1] < loss[0] for loss in losses.values())
   print(f"loss went down for both: {went_down}")
   return 0 if went_down else 1
