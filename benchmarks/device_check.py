@@ -449,13 +449,7 @@ def main(argv=None):
                       help="CPU dry run: lower every correctness case for CUDA, time nothing")
   args = parser.parse_args(argv)
   out_dir = os.environ.get("OUT", "out")
-  os.makedirs(out_dir, exist_ok=True)
-  log_file = open(os.path.join(out_dir, "device_check.log"), "a")
-
-  def log(msg):
-    print(msg, flush=True)
-    log_file.write(msg + "\n")
-    log_file.flush()
+  log = harness.file_logger("device_check.log")
 
   env = harness.environment()
   log(json.dumps(env))

@@ -239,6 +239,19 @@ def format_table(rows, ours=("pallas_gemm", "pallas_best"), others=("xla", "jax_
   return "\n".join(lines)
 
 
+def file_logger(name: str):
+  """log(msg): prints `msg` and appends it to `name` in $OUT (default ./out, created)."""
+  out_dir = os.environ.get("OUT", "out")
+  os.makedirs(out_dir, exist_ok=True)
+  log_file = open(os.path.join(out_dir, name), "a")
+
+  def log(msg):
+    print(msg, flush=True)
+    log_file.write(msg + "\n")
+    log_file.flush()
+  return log
+
+
 def environment() -> dict:
   dev = jax.devices()[0]
   return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -314,13 +314,7 @@ def main(argv=None):
   parser.add_argument("--skip-timing", action="store_true")
   args = parser.parse_args(argv)
   out_dir = os.environ.get("OUT", "out")
-  os.makedirs(out_dir, exist_ok=True)
-  log_file = open(os.path.join(out_dir, "scaled_matmul.log"), "a")
-
-  def log(msg):
-    print(msg, flush=True)
-    log_file.write(msg + "\n")
-    log_file.flush()
+  log = harness.file_logger("scaled_matmul.log")
 
   env = harness.environment()
   log(json.dumps(env))
