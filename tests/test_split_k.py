@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_gemm
+
 from benchmarks import sweep
 from benchmarks.matmul import Case
 from pallas_gemm import GemmConfig, GemmProblem, config as config_lib, matmul, split_k
@@ -20,7 +22,7 @@ from pallas_gemm.autotune import candidate_configs
 from pallas_gemm.config import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
-from interpret_support import hang_guard  # noqa: F401 (autouse)
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
 DECODE = GemmProblem(m=16, n=1024, k=8192)
 DECODE_CFG = GemmConfig(tile_m=64, tile_n=128, wg_split="n", split_k=3)
@@ -185,6 +187,38 @@ def test_interpret_split_k_batched_with_c_row_bias_and_residual():
                activation="relu", out_dtype=jnp.float32, config=cfg, implementation="interpret")
   ref = np.maximum(0.5 * (_f64(a) @ _f64(b)) - 1.5 * _f64(c) + _f64(row_bias)[:, None], 0)
   _close(out, ref + _f64(res), 1e-5)
+
+
+def test_interpret_split_k_return_pre():
+  """With split-K the epilogue runs after the sum, in XLA: y and pre both come from there."""
+  from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (return_pre)
+
+  rng = np.random.default_rng()
+  a, b = _bf16(rng, (40, 1000)), _bf16(rng, (1000, 136))
+  bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
+  y, pre = kernel_matmul(a, b, bias=bias, activation="gelu_tanh", return_pre=True,
+                         config=DECODE_CFG, implementation="interpret")
+  want_pre = _f64(a) @ _f64(b) + _f64(bias)
+  _close(pre, want_pre, 8e-3)
+  _close(y, _gelu_tanh(want_pre), 8e-3)
+
+
+@needs_transposes  # jax 0.10.2's interpreter cannot run fp8 operands
+def test_interpret_split_k_scaled_fp8_with_amax():
+  """Runtime scales and the amax of a scaled fp8 GEMM also move to the XLA epilogue."""
+  rng = np.random.default_rng()
+  a = jnp.asarray(rng.standard_normal((40, 512), dtype=np.float32), jnp.float8_e4m3fn)
+  b = jnp.asarray(rng.standard_normal((136, 512), dtype=np.float32), jnp.float8_e4m3fn)
+  a_scale = jnp.asarray(rng.uniform(0.5, 2.0, 40), jnp.float32)
+  b_scale = jnp.float32(0.75)
+  bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
+  cfg = dataclasses.replace(DECODE_CFG, tile_k=128, split_k=2)
+  y, amax = pallas_gemm.scaled_matmul(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16, bias=bias,
+                                      activation="gelu_tanh", return_amax=True, config=cfg,
+                                      implementation="interpret")
+  want = _gelu_tanh(_f64(a_scale)[:, None] * 0.75 * (_f64(a) @ _f64(b).T) + _f64(bias))
+  _close(y, want, 8e-3)
+  assert abs(float(amax) - np.abs(want).max()) <= 1e-5 * np.abs(want).max()
 
 
 # -- the sweep harness (CPU side) -------------------------------------------------
