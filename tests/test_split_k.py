@@ -13,11 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_gemm
-
 from benchmarks import sweep
 from benchmarks.matmul import Case
-from pallas_gemm import GemmConfig, GemmProblem, config as config_lib, matmul, split_k
+from pallas_gemm import (GemmConfig, GemmProblem, config as config_lib, matmul, scaled_matmul,
+                         split_k)
 from pallas_gemm.autotune import candidate_configs
 from pallas_gemm.config import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
@@ -213,9 +212,9 @@ def test_interpret_split_k_scaled_fp8_with_amax():
   b_scale = jnp.float32(0.75)
   bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
   cfg = dataclasses.replace(DECODE_CFG, tile_k=128, split_k=2)
-  y, amax = pallas_gemm.scaled_matmul(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16, bias=bias,
-                                      activation="gelu_tanh", return_amax=True, config=cfg,
-                                      implementation="interpret")
+  y, amax = scaled_matmul(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16, bias=bias,
+                          activation="gelu_tanh", return_amax=True, config=cfg,
+                          implementation="interpret")
   want = _gelu_tanh(_f64(a_scale)[:, None] * 0.75 * (_f64(a) @ _f64(b).T) + _f64(bias))
   _close(y, want, 8e-3)
   assert abs(float(amax) - np.abs(want).max()) <= 1e-5 * np.abs(want).max()
