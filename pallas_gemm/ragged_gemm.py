@@ -14,9 +14,6 @@ Kernel (shares its structure and helpers with `hopper_gemm`):
     visited once per group (at most G - 1 extra visits in all), plus the
     "tail" items that write zeros to rows past sum(group_sizes) without a K
     loop. Items past the dynamic item count are idle (no loads, no stores).
-    A consumer warpgroup whose 64 rows hold none of the item's rows (one
-    side of a group boundary) skips its WGMMAs and only passes over the
-    stages, so a boundary tile's two visits cost less than two tiles.
     The item list is decoded in the kernel from `group_sizes` (a scan over
     the G sizes, scalars read from GMEM); nothing is precomputed by XLA.
   - Boundary handling: each consumer warpgroup clips the item's row range
@@ -371,12 +368,9 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
         @pl.when(item.active)
         def _():
-          row0 = item.m_tile * tm + wg * wm
-          mine = jnp.minimum(item.hi, row0 + wm) > jnp.maximum(item.lo, row0)
-
           @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
           def _(acc):
-            @pl.when(item.compute & mine)
+            @pl.when(item.compute)
             def _():
               @pl.loop(0, p.k_iters)
               def _(k):
@@ -389,20 +383,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
                 def _():
                   plgpu.barrier_arrive(consumed.at[lax.rem(carry + k - 1, stages)])
 
-            # None of the item's rows are in this warpgroup's half (one side of a
-            # group boundary): pass over the stages; the other half computes alone.
-            @pl.when(item.compute & jnp.logical_not(mine))
-            def _():
-              @pl.loop(0, p.k_iters)
-              def _(k):
-                buf = lax.rem(carry + k, stages)
-                plgpu.barrier_wait(loaded.at[buf])
-
-                @pl.when(k > 0)
-                def _():
-                  plgpu.barrier_arrive(consumed.at[lax.rem(carry + k - 1, stages)])
-
-            result = acc[...]  # zeros for the tail and skipped halves (no WGMMA ran)
+            result = acc[...]  # zeros for the tail (no WGMMA ran)
 
             @pl.when(item.compute)
             def _():
