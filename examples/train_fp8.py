@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import pallas_gemm.flax as pflax
-from train_mlp import ACTIVATION, teacher, train_side_by_side
+from train_mlp import (ACTIVATION, add_training_arguments, describe_run, teacher,
+                       train_side_by_side)
 
 
 class MLP(nnx.Module):
@@ -42,23 +43,11 @@ class MLP(nnx.Module):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--batch", type=int, default=256)
-  parser.add_argument("--sizes", default="128,512,512,64", help="layer widths, input first")
-  parser.add_argument("--lr", type=float, default=3e-3)
+  add_training_arguments(parser, implementations=("pallas", "xla"))
   parser.add_argument("--tolerance", type=float, default=0.1,
                       help="allowed relative excess of the fp8 final loss over the bf16 one")
-  parser.add_argument("--implementation", default="auto", choices=["auto", "pallas", "xla"],
-                      help="auto: the Pallas kernels on a GPU, XLA elsewhere")
-  parser.add_argument("--log-every", type=int, default=50)
   args = parser.parse_args(argv)
-  sizes = [int(s) for s in args.sizes.split(",")]
-  implementation = None if args.implementation == "auto" else args.implementation
-
-  device = jax.devices()[0]
-  resolved = implementation or ("pallas" if device.platform == "gpu" else "xla")
-  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}; "
-        f"pallas_gemm implementation: {resolved}")
+  sizes, implementation = describe_run(args)
   print(f"MLP {sizes}, {ACTIVATION} between layers, f32 params, adam lr={args.lr}, "
         f"batch {args.batch}, {args.steps} steps")
 

@@ -71,6 +71,28 @@ def train_step(model, optimizer, x, y):
   return loss
 
 
+def add_training_arguments(parser, implementations):
+  """The flags both examples share: steps, batch, sizes, lr, implementation, log-every."""
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--sizes", default="128,512,512,64", help="layer widths, input first")
+  parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--implementation", default="auto", choices=["auto", *implementations],
+                      help="auto: the Pallas kernels on a GPU, XLA elsewhere")
+  parser.add_argument("--log-every", type=int, default=50)
+
+
+def describe_run(args):
+  """Prints the device and implementation; returns (layer sizes, implementation or None)."""
+  sizes = [int(s) for s in args.sizes.split(",")]
+  implementation = None if args.implementation == "auto" else args.implementation
+  device = jax.devices()[0]
+  resolved = implementation or ("pallas" if device.platform == "gpu" else "xla")
+  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}; "
+        f"pallas_gemm implementation: {resolved}")
+  return sizes, implementation
+
+
 def train_side_by_side(models, target, *, width, steps, batch, lr, log_every):
   """Trains `models` (name -> nnx model of input `width`) with Adam on the same batches,
   their steps interleaved so that load changes hit all alike; prints the losses every
@@ -101,22 +123,9 @@ def train_side_by_side(models, target, *, width, steps, batch, lr, log_every):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--batch", type=int, default=256)
-  parser.add_argument("--sizes", default="128,512,512,64", help="layer widths, input first")
-  parser.add_argument("--lr", type=float, default=3e-3)
-  parser.add_argument("--implementation", default="auto",
-                      choices=["auto", "pallas", "interpret", "xla"],
-                      help="auto: the Pallas kernel on a GPU, XLA elsewhere")
-  parser.add_argument("--log-every", type=int, default=50)
+  add_training_arguments(parser, implementations=("pallas", "interpret", "xla"))
   args = parser.parse_args(argv)
-  sizes = [int(s) for s in args.sizes.split(",")]
-  implementation = None if args.implementation == "auto" else args.implementation
-
-  device = jax.devices()[0]
-  resolved = implementation or ("pallas" if device.platform == "gpu" else "xla")
-  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}; "
-        f"pallas_gemm implementation: {resolved}")
+  sizes, implementation = describe_run(args)
   print(f"MLP {sizes}, {ACTIVATION} between layers, bf16 compute, f32 params, "
         f"adam lr={args.lr}, batch {args.batch}, {args.steps} steps")
 
