@@ -119,7 +119,9 @@ def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
   (m, k), n = lhs.shape, rhs.shape[1] if transpose_rhs else rhs.shape[2]
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   if interpret:
-    lhs = _pad_last2(lhs, _round_up(m, tm), _round_up(k, tk))
+    # A row box starts at any row below round_up(m, tm): one more box of rows keeps
+    # every box inside the array (the interpreter rejects out-of-bounds loads).
+    lhs = _pad_last2(lhs, _round_up(m, tm) + tm, _round_up(k, tk))
     if transpose_rhs:
       rhs = _pad_last2(rhs, _round_up(n, tn), _round_up(k, tk))
     else:

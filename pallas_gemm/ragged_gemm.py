@@ -9,11 +9,14 @@ Kernel (shares its structure and helpers with `hopper_gemm`):
     consumers (64 x tile_n rows each, f32 WGMMA accumulators, one WGMMA group in
     flight), one SMEM ring that runs on across work items.
   - Persistent grid, `plgpu.nd_loop` over `max_items x n_tiles` work items in
-    `raster.tile_coords` order. A work item is (group, M tile): every group
-    visits each M tile its rows touch, so an M tile on a group boundary is
-    visited once per group (at most G - 1 extra visits in all), plus the
-    "tail" items that write zeros to rows past sum(group_sizes) without a K
-    loop. Items past the dynamic item count are idle (no loads, no stores).
+    `raster.tile_coords` order. A work item is (group, row box): each group
+    is cut into tile_m-row boxes from its own first row, so only its last box
+    is partial (on average half a box of extra work per group, where boxes on
+    a fixed grid would compute every boundary box twice), plus the "tail"
+    items that write zeros to rows past sum(group_sizes) without a K loop.
+    A box starts on a multiple of 8 rows (Mosaic's row tiling of swizzled
+    operands), so it may begin with up to 7 rows of the previous group, which
+    it does not store; rows past the array are zero-filled by TMA. Items past the dynamic item count are idle (no loads, no stores).
     The item list is decoded in the kernel from `group_sizes` (a scan over
     the G sizes, scalars read from GMEM); nothing is precomputed by XLA.
   - Boundary handling: each consumer warpgroup clips the item's row range
@@ -106,7 +109,7 @@ class RaggedConfig:
     tile_k: K extent of one pipeline stage.
     stages: SMEM ring depth.
     raster, group: work-item order (see `raster.tile_coords`); `group` is the
-      band width in (group, M tile) items.
+      band width in (group, row box) items.
     epilogue_tile: (rows, cols) of one epilogue store; rows must be 64. Two
       swizzled slots per warpgroup plus one staging buffer for boundary rows,
       so (64, 32) is what fits next to 4 stages of 128x256x64 (bf16 out).
@@ -197,9 +200,11 @@ def default_ragged_config(problem: RaggedProblem) -> RaggedConfig:
 
 
 def max_items(problem: RaggedProblem, config: RaggedConfig) -> int:
-  """Static bound on (group, M tile) work items: every M tile once, plus one
-  extra visit per group boundary (G - 1 of them, and the tail's)."""
-  return tiles(problem.rows, config.tile_m) + problem.groups
+  """Static bound on (group, row box) work items. Each of the G groups and the
+  tail is cut into boxes from its first row rounded down to BOX_ROW_ALIGN (fewer
+  than BOX_ROW_ALIGN extra rows each), with one partial box at most."""
+  segments = problem.groups + 1
+  return tiles(problem.rows + BOX_ROW_ALIGN * segments, config.tile_m) + segments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,19 +229,31 @@ class _Plan:
 
 @dataclasses.dataclass(frozen=True)
 class _Item:
-  """What one (group, M tile) work item does. All fields are int32 scalars."""
+  """What one (group, row box) work item does. All fields are int32 scalars."""
 
   group: jax.Array    # rhs group; `groups` for the zero tail
-  m_tile: jax.Array
-  lo: jax.Array       # the item writes output rows [lo, hi) of this M tile
+  row0: jax.Array     # first row of the item's tile_m-row box (any row: tiles start at the group)
+  lo: jax.Array       # the group's rows [lo, hi): the item writes those inside its box
   hi: jax.Array
   active: jax.Array   # False: idle item past the end of the list
   compute: jax.Array  # True: run the K loop (a real group, not the tail)
 
 
+BOX_ROW_ALIGN = 8
+"""Row boxes start on a multiple of this: Mosaic tiles a swizzled operand's rows
+by 8 and needs a TMA's row offset to be a multiple of the tile."""
+
+
+def _box_base(start):
+  """The first row of a group's first box: its first row, rounded down to BOX_ROW_ALIGN
+  (the rows before it belong to the previous group and are not stored)."""
+  return lax.div(start, BOX_ROW_ALIGN) * BOX_ROW_ALIGN
+
+
 def _item_decoder(sizes_gmem, p: _Plan):
-  """Returns decode(w) -> the w-th work item: groups in order, each over the M
-  tiles its rows touch, then the tail rows [sum(group_sizes), rows).
+  """Returns decode(w) -> the w-th work item: groups in order, each cut into
+  tile_m-row boxes from its first row (rounded down to `BOX_ROW_ALIGN`), then
+  the tail rows [sum(group_sizes), rows) cut the same way.
 
   Up to UNROLL_GROUPS groups, the sizes are read and the group bounds scanned
   once, here (call it before the persistent loop), and decode(w) is O(G)
@@ -245,31 +262,30 @@ def _item_decoder(sizes_gmem, p: _Plan):
   tm, prob = p.config.tile_m, p.problem
 
   def span_of(start, stop):
-    first = lax.div(start, tm)
-    return first, jnp.where(stop > start, lax.div(stop - 1, tm) - first + 1, 0)
+    return jnp.where(stop > start, lax.div(stop - _box_base(start) + tm - 1, tm), 0)
 
-  def visit(w, i, start, stop, first, span, count, item):
+  def visit(w, i, start, stop, span, count, item):
     hit = (count <= w) & (w < count + span)
-    group, m_tile, lo, hi = item
-    return (jnp.where(hit, i, group), jnp.where(hit, first + w - count, m_tile),
+    group, row0, lo, hi = item
+    return (jnp.where(hit, i, group), jnp.where(hit, _box_base(start) + (w - count) * tm, row0),
             jnp.where(hit, start, lo), jnp.where(hit, stop, hi))
 
   def finish(w, count, item):
-    group, m_tile, lo, hi = item
+    group, row0, lo, hi = item
     active = w < count
-    return _Item(group, m_tile, lo, hi, active, active & (group < prob.groups))
+    return _Item(group, row0, lo, hi, active, active & (group < prob.groups))
 
   zero = jnp.int32(0)
   if prob.groups <= UNROLL_GROUPS:
-    bounds, end, count = [], zero, zero  # (group, start, stop, first, span, count) per group
+    bounds, end, count = [], zero, zero  # (group, start, stop, span, count) per group
     for i in range(prob.groups + 1):  # the last one is the tail
       start = end
       if i < prob.groups:
         end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
       else:
         end = jnp.int32(prob.rows)
-      first, span = span_of(start, end)
-      bounds.append((jnp.int32(i), start, end, first, span, count))
+      span = span_of(start, end)
+      bounds.append((jnp.int32(i), start, end, span, count))
       count = count + span
 
     def decode(w):
@@ -284,12 +300,12 @@ def _item_decoder(sizes_gmem, p: _Plan):
       end, count, item = carry
       start = end
       end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
-      first, span = span_of(start, end)
-      return end, count + span, visit(w, i, start, end, first, span, count, item)
+      span = span_of(start, end)
+      return end, count + span, visit(w, i, start, end, span, count, item)
 
     end, count, item = lax.fori_loop(0, prob.groups, body, (zero, zero, (zero,) * 4))
-    first, span = span_of(end, jnp.int32(prob.rows))
-    item = visit(w, jnp.int32(prob.groups), end, jnp.int32(prob.rows), first, span, count, item)
+    span = span_of(end, jnp.int32(prob.rows))
+    item = visit(w, jnp.int32(prob.groups), end, jnp.int32(prob.rows), span, count, item)
     return finish(w, count + span, item)
   return decode
 
@@ -335,7 +351,8 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
               plgpu.barrier_wait(consumed.at[buf])
 
             plgpu.copy_gmem_to_smem(
-                lhs_gmem.at[pl.ds(item.m_tile * tm, tm), pl.ds(k * tk, tk)],
+                lhs_gmem.at[pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm),
+                            pl.ds(k * tk, tk)],
                 a_smem.at[buf], loaded.at[buf])
             if prob.transpose_rhs:
               rows, cols = pl.ds(ni * tn, tn), pl.ds(k * tk, tk)
@@ -396,7 +413,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       plgpu.wait_smem_to_gmem(0)
 
     def _epilogue(result, item, ni):
-      row0 = item.m_tile * tm + wg * wm
+      row0 = pl.multiple_of(item.row0 + wg * wm, BOX_ROW_ALIGN)
       lo = jnp.clip(item.lo - row0, 0, wm)
       hi = jnp.clip(item.hi - row0, 0, wm)
       full = (lo == 0) & (hi == wm)

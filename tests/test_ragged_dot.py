@@ -88,10 +88,9 @@ def test_schedule_writes_every_row_once(case):
   decode = jax.jit(jax.vmap(lambda w: dataclasses.astuple(
       _item_decoder(jnp.asarray(sizes), plan)(w))))
   items = [np.asarray(x) for x in decode(jnp.arange(max_items(problem, config)))]
-  for group, m_tile, lo, hi, active, compute in zip(*items):
+  for group, r0, lo, hi, active, compute in zip(*items):
     if not active:
       continue
-    r0 = m_tile * config.tile_m
     written = np.arange(max(lo, r0), min(hi, r0 + config.tile_m))
     assert written.size, "an active item writes at least one row"
     assert compute == (group < len(sizes))
@@ -99,6 +98,10 @@ def test_schedule_writes_every_row_once(case):
     assert (group_of_row[written] == group).all(), "a row written by another group's item"
     owner[written] = group
   assert (owner != -2).all(), f"rows never written: {np.flatnonzero(owner == -2)[:10]}"
+  # Boxes start at each group's first row (rounded down to 8): one partial box per group.
+  starts = np.concatenate([[0], ends[:-1]])
+  spans = np.where(ends > starts, -(-(ends - starts // 8 * 8) // config.tile_m), 0)
+  assert int(np.sum(items[4] & items[5])) == int(np.sum(spans))
 
 
 # -- CUDA lowering (jax.export on the CPU) --------------------------------------
