@@ -196,7 +196,7 @@ def other_split(case, config):
   >>> from benchmarks.matmul import Case
   >>> from pallas_gemm.config import GemmConfig
   >>> other_split(Case(16, 1024, 8192), GemmConfig(tile_m=64, tile_n=128, wg_split="n")).split_k
-  12
+  16
   """
   import dataclasses
 

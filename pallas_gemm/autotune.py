@@ -155,7 +155,7 @@ def _split_counts(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int,
 
   >>> space = SearchSpace()
   >>> _split_counts(GemmProblem(m=16, n=1024, k=8192), 64, 128, 64, space, 132)
-  [1, 2, 4, 8, 12, 16]
+  [1, 2, 4, 8, 16]
   >>> _split_counts(GemmProblem(m=8192, n=8192, k=8192), 128, 256, 64, space, 132)
   [1]
   """

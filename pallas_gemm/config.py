@@ -334,7 +334,7 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
   3
   >>> cfg = default_config(GemmProblem(m=16, n=1024, k=8192))      # decode: 8 tiles
   >>> (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.stages, cfg.split_k)
-  (64, 128, 'n', 8, 12)
+  (64, 128, 'n', 8, 16)
   """
   from pallas_gemm import split_k  # local: the model module imports this one
 

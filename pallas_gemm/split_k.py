@@ -8,15 +8,15 @@ partial sums of shape (splits * batch, M, N); `reduce` adds them and applies
 the epilogue in XLA (one fusion: the sum, `epilogue.apply`, the cast).
 
 Whether to split is decided by `choose`, a small time model of the kernel on
-an H100 (numbers from NOTES.md): per-SM tensor-core rate, per-SM operand
-intake (bytes in flight over latency), HBM bandwidth for the unique bytes,
-a fixed cost per tile, and the partial sums' extra traffic plus the XLA
+an H100 (numbers from NOTES.md): per-SM tensor-core rate, per-CTA operand
+intake (at most its bytes in flight over latency), the time to stream the
+unique bytes from HBM (fitted to measured decode GEMMs), a fixed cost per tile, and the partial sums' extra traffic plus the XLA
 reduction. It picks the split count with the least predicted time, and only
 splits when that beats no split by `MIN_GAIN`.
 
 >>> from pallas_gemm.config import GemmProblem
 >>> choose(GemmProblem(m=16, n=1024, k=8192), tile_m=64, tile_n=128, tile_k=64, stages=8)
-12
+16
 >>> choose(GemmProblem(m=8192, n=8192, k=8192), tile_m=128, tile_n=256, tile_k=64, stages=4)
 1
 """
@@ -38,11 +38,17 @@ MAIN_LOOP_EFFICIENCY = 0.87
 HBM_BYTES_PER_S = 3.0e12
 """Achievable HBM3 bandwidth (3.35 TB/s spec)."""
 
-SM_BYTES_PER_S = 36e9
-"""What one CTA takes in through TMA from HBM. Measured on the H100 (llm sweep,
-2026-11-22): 32 to 45 GB/s per CTA below HBM's limit (41 at 1x4096x4096: 32 CTAs, 33.5 MB
-in 25.3 us; 32 at 1x8192x8192, 64 CTAs); the first guess, 80 GB/s, made the model split too
-little (NOTES.md exp. 24)."""
+SM_BYTES_PER_S = 80e9
+"""Most one CTA takes in through TMA per second (~45 B/clk at 1.8 GHz), L2 hits included:
+the bound of the loaded (not unique) bytes; with it the model reproduces 4096^3 and 8192^3."""
+
+CTA_HBM_BYTES_PER_S = 56e9
+STREAM_BYTES_PER_S = 5.0e12
+"""Streaming the unique bytes from HBM with u CTAs pulling: time = unique / u / CTA_HBM +
+unique / STREAM, an aggregate rate that keeps rising with u. Fitted to the H100's decode
+runs (2026-11-22, NOTES.md exps. 25-26): 1.32 TB/s with 32 CTAs, 2.02 with 64, 2.4 with 96,
+2.96 with 128. (The first model, a fixed intake per CTA under a hard 3.0 TB/s cap, split
+decode GEMMs too little: it saw no gain past ~100 CTAs.)"""
 
 LOAD_LATENCY_S = 1.0e-6
 """Loaded HBM latency; an SM's intake is at most its bytes in flight per latency."""
@@ -76,7 +82,7 @@ def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, ti
   >>> e = estimate(GemmProblem(m=1, n=8192, k=8192), 1, tile_m=64, tile_n=128, tile_k=64,
   ...              stages=6)
   >>> e.bound, round(e.seconds * 1e6, 1)  # measured unsplit (8 stages): 66.4 us
-  ('sm intake', 60.1)
+  ('hbm', 65.7)
   """
   in_bytes = _itemsize(problem.dtype)
   steps = tiles(problem.k, tile_k)
@@ -95,7 +101,8 @@ def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, ti
   out_bytes = problem.batch * problem.m * problem.n * (4 if splits > 1 else
                                                        _itemsize(problem.out_dtype))
   unique = problem.batch * (problem.m + problem.n) * problem.k * in_bytes + splits * out_bytes
-  hbm = unique / HBM_BYTES_PER_S
+  active = min(units, num_sms)
+  hbm = unique / (active * CTA_HBM_BYTES_PER_S) + unique / STREAM_BYTES_PER_S
   seconds, bound = max((compute, "compute"), (feed, "sm intake"), (hbm, "hbm"))
   seconds += waves * FIXED_S_PER_TILE
   if splits > 1:
