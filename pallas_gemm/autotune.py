@@ -8,7 +8,7 @@ change the order tiles are visited in. The winner is stored in the tuning
 cache (`pallas_gemm.tuning_cache`), where `matmul` finds it.
 
 The timer is a function `GemmConfig -> milliseconds`; on the GPU it is
-`cupti_timer` (CUPTI, median of several runs), elsewhere any stand-in:
+`CuptiTimer` (CUPTI, median of several runs), elsewhere any stand-in:
 
 >>> import os, tempfile
 >>> from pallas_gemm.tuning_cache import TuningCache
@@ -21,6 +21,7 @@ The timer is a function `GemmConfig -> milliseconds`; on the GPU it is
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
@@ -235,35 +236,64 @@ def _random_operands(problem: GemmProblem, seed: int):
   return a, b, bias, c
 
 
-def cupti_timer(problem: GemmProblem, activation: str | None = None, *, iterations: int = 20,
-                implementation: str = "pallas", measure=None, seed: int = 0) -> Timer:
+class CuptiTimer:
   """A `Timer` that runs `matmul` on random operands and returns the median time (ms).
 
   Times are CUPTI's (`jax.experimental.mosaic.gpu.profiler.measure`), summed
   over the kernels of one call (padding copies included, as a user pays
-  them), median over `iterations` calls after one warm-up. `measure` and
-  `implementation` can be replaced, e.g. to exercise this on a CPU.
+  them), median over `iterations` calls after one warm-up. `prepare(configs)`
+  compiles many configs ahead on `workers` threads (compilation releases the
+  GIL for most of its time), so that timing them is not serialised behind
+  each one's compile. `measure` and `implementation` can be replaced, e.g. to
+  exercise this on a CPU.
   """
-  from pallas_gemm.matmul import matmul  # not at the top: matmul consults this module
 
-  if measure is None:
-    from jax.experimental.mosaic.gpu import profiler
+  def __init__(self, problem: GemmProblem, activation: str | None = None, *, iterations: int = 20,
+               implementation: str = "pallas", measure=None, seed: int = 0,
+               workers: int | None = None):
+    if measure is None:
+      from jax.experimental.mosaic.gpu import profiler
 
-    measure = profiler.measure
-  operands = _random_operands(problem, seed)
+      measure = profiler.measure
+    self.problem, self.activation, self.implementation = problem, activation, implementation
+    self.iterations, self.measure = iterations, measure
+    self.workers = workers or min(8, os.cpu_count() or 1)
+    self.operands = _random_operands(problem, seed)
+    self._compiled = {}  # config -> compiled executable, or the exception compiling raised
 
-  def time_ms(config: GemmConfig) -> float:
+  def _jitted(self, config: GemmConfig):
+    from pallas_gemm.matmul import matmul  # not at the top: matmul consults this module
+
+    problem = self.problem
+
     def run(a, b, bias, c):
       return matmul(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
-                    bias=bias, activation=activation, c=c, beta=1.0 if problem.has_c else 0.0,
-                    out_dtype=problem.out_dtype, config=config, implementation=implementation)
+                    bias=bias, activation=self.activation, c=c,
+                    beta=1.0 if problem.has_c else 0.0, out_dtype=problem.out_dtype,
+                    config=config, implementation=self.implementation)
 
-    _, times = measure(jax.jit(run), iterations=iterations)(*operands)
+    return jax.jit(run)
+
+  def _compile(self, config: GemmConfig):
+    try:
+      return self._jitted(config).lower(*self.operands).compile()
+    except Exception as e:  # noqa: BLE001 -- reported when the config is timed
+      return e
+
+  def prepare(self, configs) -> None:
+    """Compiles `configs` (those not compiled yet) in parallel; errors wait for `__call__`."""
+    todo = [c for c in dict.fromkeys(configs) if c not in self._compiled]
+    with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
+      self._compiled.update(zip(todo, pool.map(self._compile, todo)))
+
+  def __call__(self, config: GemmConfig) -> float:
+    fn = self._compiled.pop(config, None) or self._jitted(config)
+    if isinstance(fn, Exception):
+      raise fn
+    _, times = self.measure(fn, iterations=self.iterations)(*self.operands)
     if times is None:
       raise RuntimeError("no kernel was launched")
     return statistics.median(times if isinstance(times, list) else [times])
-
-  return time_ms
 
 
 def _fastest(configs, timer: Timer, progress: Progress | None, done: int, total: int):
@@ -289,7 +319,9 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
                  progress: Progress | None = None) -> GemmConfig:
   """Times the candidates of `problem`, stores the fastest in `cache`, returns it.
 
-  `timer` defaults to `cupti_timer(problem, activation)` (needs the GPU);
+  `timer` defaults to `CuptiTimer(problem, activation)` (needs the GPU); a
+  timer with a `prepare(configs)` method is handed each phase's configs first
+  (`CuptiTimer` compiles them in parallel);
   `cache` to the default cache. Candidates that fail are skipped with one
   warning; if all fail, RuntimeError.
   """
@@ -297,11 +329,14 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   if not candidates:
     GemmConfig().validate(problem)  # raises the reason when the problem itself is unsupported
     raise ValueError(f"no config of the search space is valid for {problem}")
-  timer = timer or cupti_timer(problem, activation)
+  timer = timer or CuptiTimer(problem, activation)
   per_config = len(raster_variants(candidates[0], space))
   estimate = len(candidates) + min(space.refine_top, len(candidates)) * per_config
+  prepare = getattr(timer, "prepare", lambda configs: None)
+  prepare(candidates)
   ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
   variants = [v for _, config in ranked[:space.refine_top] for v in raster_variants(config, space)]
+  prepare(variants)
   refined, more_failures = _fastest(variants, timer, progress, len(candidates),
                                     len(candidates) + len(variants))
   failures += more_failures

@@ -11,6 +11,7 @@ directory (see `pallas_gemm.tuning_cache.cache_path`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from absl import app
@@ -18,10 +19,12 @@ from absl import flags
 import jax
 
 from pallas_gemm import tuning_cache
-from pallas_gemm.autotune import SearchSpace, candidate_configs, cupti_timer, tune_problem
+from pallas_gemm.autotune import CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
 _SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
+_M_VALUES = flags.DEFINE_list("m_values", None, "keep only the shapes whose M is one of these")
+_TILE_K = flags.DEFINE_list("tile_k", None, "tile_k values to try (default: all of SearchSpace)")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per shape; time nothing")
 _CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
                              "platform's cache directory)")
@@ -86,7 +89,7 @@ class ProgressBar:
 
 def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
                 space: SearchSpace = SearchSpace(), out=None, err=None,
-                timer_factory=cupti_timer, iterations: int = 20) -> int:
+                timer_factory=CuptiTimer, iterations: int = 20) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
 
   Returns the exit status: 0; 1 if some shape had no config that ran; or
@@ -131,9 +134,11 @@ def _load_shapes():
 
   if (_SHAPES.value is None) == (_SWEEP.value is None):
     raise app.UsageError("give exactly one of --shapes FILE or --sweep NAME")
-  if _SWEEP.value:
-    return shapes.load_sweep(_SWEEP.value)
-  return shapes.load_shapes(_SHAPES.value)
+  found = shapes.load_sweep(_SWEEP.value) if _SWEEP.value else shapes.load_shapes(_SHAPES.value)
+  if _M_VALUES.value:
+    kept = {int(m) for m in _M_VALUES.value}
+    found = [shape for shape in found if shape.m in kept]
+  return found
 
 
 def main(argv) -> int:
@@ -141,6 +146,8 @@ def main(argv) -> int:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cache = tuning_cache.TuningCache(_CACHE.value or tuning_cache.cache_path())
   space = SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
+  if _TILE_K.value:
+    space = dataclasses.replace(space, tile_k=tuple(int(k) for k in _TILE_K.value))
   return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
                      iterations=_ITERATIONS.value)
 

@@ -167,7 +167,7 @@ def test_when_every_config_fails_nothing_is_cached(cache, bad):
     assert cache.records() == {}
 
 
-def test_cupti_timer_runs_matmul_on_the_problem_and_takes_the_median():
+def test_CuptiTimer_runs_matmul_on_the_problem_and_takes_the_median():
     problem = GemmProblem(m=8, n=16, k=32, batch=2, transpose_b=True, has_bias=True, has_c=True,
                           out_dtype="float32")
     outputs = []
@@ -178,10 +178,30 @@ def test_cupti_timer_runs_matmul_on_the_problem_and_takes_the_median():
             return outputs[-1], [3.0, 1.0, 2.0, 9.0, 0.5][:iterations]
         return run
 
-    timer = at.cupti_timer(problem, "relu", iterations=5, implementation="xla", measure=fake_measure)
+    timer = at.CuptiTimer(problem, "relu", iterations=5, implementation="xla", measure=fake_measure)
     assert timer(GemmConfig()) == 2.0
     assert outputs[0].shape == (2, 8, 16) and outputs[0].dtype == jnp.float32
     assert float(outputs[0].min()) >= 0.0  # relu ran
+
+
+def test_cupti_timer_prepares_configs_in_parallel_and_reports_compile_errors_when_timed():
+    problem = GemmProblem(m=8, n=16, k=32)
+    measured = []
+
+    def fake_measure(fn, iterations):
+        measured.append(fn)
+        return lambda *args: (fn(*args), [1.0] * iterations)
+
+    timer = at.CuptiTimer(problem, iterations=3, implementation="xla", measure=fake_measure,
+                          workers=2)
+    good, bad = GemmConfig(), GemmConfig(stages=3)
+    timer._jitted = lambda config: (_ for _ in ()).throw(ValueError("no")) if config == bad \
+        else jax.jit(lambda a, b, bias, c: a @ b)
+    timer.prepare([good, bad, good])
+    assert timer(good) == 1.0
+    assert isinstance(measured[0], jax.stages.Compiled)  # compiled ahead, not at timing
+    with pytest.raises(ValueError, match="no"):
+        timer(bad)
 
 
 # -- what matmul calls --------------------------------------------------------
