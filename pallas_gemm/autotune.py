@@ -39,7 +39,8 @@ from pallas_gemm import raster
 from pallas_gemm import split_k
 from pallas_gemm import tuning_cache
 from pallas_gemm.config import (CLUSTERS, DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, SCHEDULES,
-                                WG_SPLITS, GemmConfig, GemmProblem, default_tile_k, tiles)
+                                WG_SPLITS, GemmConfig, GemmProblem, default_config,
+                                default_tile_k, tiles)
 
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
 """Set to 1 to let `matmul` tune shapes the cache does not know (outside jit only)."""
@@ -178,7 +179,8 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
   per tile shape and schedule, the `space.deepest_stages` deepest rings that
   fit; pingpong's two rings need an even number of stages, at least 2 each.
   Raster order and group stay at their defaults (see `raster_variants`).
-  Split-K counts: see `_split_counts`.
+  Split-K counts: see `_split_counts`. The heuristic's own choice
+  (`default_config`) is always a candidate, so tuning never loses to it.
 
   >>> len(candidate_configs(GemmProblem(m=8, n=8, k=8))) >= 1
   True
@@ -207,6 +209,9 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
         if len(fitting) == space.deepest_stages:
           break
       configs += fitting
+  heuristic = default_config(problem)
+  if _is_valid(heuristic, problem):
+    configs.append(heuristic)
   return list(dict.fromkeys(configs))
 
 

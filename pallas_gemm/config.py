@@ -241,11 +241,17 @@ class GemmConfig:
     span = smem.swizzle_span(problem.dtype, 128)
     if self.tile_k % span:
       fail("tile_k", f"must be a multiple of {span} ({problem.dtype}: one 128-byte swizzle span)")
-    minor_tiles = {"tile_m": self.tile_m if problem.transpose_a else None,
-                   "tile_n": self.tile_n if not problem.transpose_b else None}
-    for field, extent in minor_tiles.items():
-      if extent is not None and extent % span:
+    # An MN-major operand's tile (and each warpgroup's slice of it) must hold whole swizzle spans.
+    minor_tiles = {"tile_m": (self.tile_m, wm) if problem.transpose_a else None,
+                   "tile_n": (self.tile_n, wn) if not problem.transpose_b else None}
+    for field, extents in minor_tiles.items():
+      if extents is None:
+        continue
+      if extents[0] % span:
         fail(field, f"is the minor dim of an MN-major operand tile; must be a multiple of {span}")
+      if extents[1] % span:
+        fail(field, f"gives each warpgroup a {extents[1]}-wide slice of an MN-major operand "
+                    f"tile; must be a multiple of {span} (or wg_split='m', or that operand K-major)")
 
     em, en = self.epilogue_shape
     if wm % em or wn % en or em % 64:

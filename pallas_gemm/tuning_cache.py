@@ -5,7 +5,9 @@ entry is keyed by both plus the problem (shape, dtypes, layout, epilogue).
 The file lives where the platform keeps caches (`cache_path`), or wherever
 the environment variable `PALLAS_GEMM_CACHE` points. A cache that cannot be
 used (bad JSON, another schema, configs that no longer validate) is ignored
-with a `TuningCacheWarning`, never an error. Writers lock the file, merge
+with a `TuningCacheWarning`, never an error. The package ships a table of
+its own (`PACKAGED_PATH`: the LLM projection shapes tuned on an H100), read
+after the user's cache. Writers lock the file, merge
 with what is on disk and replace it atomically, so concurrent tuners never
 tear it or lose each other's entries.
 
@@ -302,9 +304,57 @@ def default_cache() -> TuningCache:
   return _caches[path]
 
 
+PACKAGED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_configs.json")
+"""Winners shipped with the package (same format), tuned on the devices they name."""
+
+PACKAGED_M_REACH = 4
+"""A shipped entry tuned at M serves problems with M' <= M <= max(16, PACKAGED_M_REACH * M')."""
+
+
+def packaged_config(problem: GemmProblem, activation: str | None = None,
+                    device_kind: str | None = None,
+                    path: str = PACKAGED_PATH) -> GemmConfig | None:
+  """The shipped config for `problem` on `device_kind` (default: this device), or None.
+
+  Shipped entries match the device kind and every problem field except M, under
+  any jax version (their configs are re-validated when read). Of those tuned at
+  M >= problem.m and within reach (`PACKAGED_M_REACH`), the smallest M wins: a
+  decode GEMM of 3 tokens runs the config tuned for 16.
+
+  >>> from pallas_gemm.config import GemmProblem
+  >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="NVIDIA H100 80GB HBM3").split_k
+  8
+  >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="cpu") is None
+  True
+  """
+  device_kind = device_kind or jax.devices()[0].device_kind
+  if path not in _caches:
+    _caches[path] = TuningCache(path)
+  best = None
+  for record in _caches[path].records().values():
+    key = record.key
+    tuned_m = key.problem.m
+    if (key.device_kind != device_kind or key.activation != activation
+        or dataclasses.replace(key.problem, m=problem.m) != problem
+        or not problem.m <= tuned_m <= max(16, PACKAGED_M_REACH * problem.m)):
+      continue
+    if best is None or tuned_m < best.key.problem.m:
+      best = record
+  if best is None:
+    return None
+  try:
+    best.config.validate(problem)
+  except ValueError:
+    return None
+  return best.config
+
+
 def lookup_config(problem: GemmProblem, activation: str | None = None) -> GemmConfig | None:
   """The tuned config for `problem` on this device and jax, or None (never tunes).
 
-  `activation` is the fused activation's name (part of the key, like bias and c).
+  The user's cache (`default_cache`) first, then the shipped table
+  (`packaged_config`). `activation` is the fused activation's name (part of
+  the key, like bias and c).
   """
-  return default_cache().lookup(TuningKey.current(problem, activation))
+  key = TuningKey.current(problem, activation)
+  return default_cache().lookup(key) or packaged_config(problem, activation, key.device_kind)

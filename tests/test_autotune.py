@@ -17,7 +17,7 @@ import pytest
 from benchmarks.shapes import Shape
 from pallas_gemm import tune
 from pallas_gemm import tuning_cache as tc
-from pallas_gemm.config import GemmConfig, GemmProblem
+from pallas_gemm.config import GemmConfig, GemmProblem, default_config
 
 # The module, not the `pallas_gemm.autotune` function the package exports under the same name.
 at = importlib.import_module("pallas_gemm.autotune")
@@ -75,7 +75,9 @@ def test_candidates_are_valid_pruned_and_not_too_many(problem):
     configs = at.candidate_configs(problem)
     assert 1 <= len(configs) <= 300
     assert len(set(configs)) == len(configs)
-    for config in configs:
+    heuristic = default_config(problem)
+    assert heuristic in configs  # tuning never loses to the default
+    for config in set(configs) - {heuristic}:  # the search space's rules
         config.validate(problem)  # pruned by the kernel's own checks
         assert config.tile_m < max(64, problem.m) + 64 and config.tile_n < max(64, problem.n) + 64
         assert config.tile_k < max(64, problem.k) + 64
@@ -88,6 +90,8 @@ def test_candidates_are_valid_pruned_and_not_too_many(problem):
     for config in configs:
         by_shape[_shape_key(config)].append(config.stages)
     for shape, stages in by_shape.items():  # the deepest rings that fit, nothing shallower
+        if shape == _shape_key(heuristic) and len(stages) > SPACE.deepest_stages:
+            stages.remove(heuristic.stages)  # the heuristic's own ring, added to the search
         assert len(stages) <= SPACE.deepest_stages
         step = 2 if shape.schedule == "pingpong" else 1
         deeper = dataclasses.replace(shape, stages=max(stages) + step)

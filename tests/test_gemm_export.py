@@ -93,6 +93,7 @@ def test_odd_shapes(m, n, k):
     (GemmConfig(tile_m=96), "tile_m"),
     (GemmConfig(tile_n=512), "tile_n"),
     (GemmConfig(tile_n=200), "tile_n"),         # MN-major B tile needs 64-multiples
+    (GemmConfig(tile_m=64, tile_n=192, wg_split="n", epilogue_tile=(64, 32)), "tile_n"),  # 96 per WG
     (GemmConfig(tile_k=48), "tile_k"),
     (GemmConfig(tile_m=256, tile_n=256), "tile_n"),  # accumulator registers
     (GemmConfig(cluster=(2, 2)), "cluster"),
@@ -107,6 +108,11 @@ def test_odd_shapes(m, n, k):
 def test_rejected_configs(config, field):
   with pytest.raises(ValueError, match=rf"^GemmConfig\.{field}="):
     _export((1024, 1024), (1024, 1024), config=config)
+
+
+def test_k_major_b_may_split_n_into_slices_narrower_than_a_swizzle_span():
+  config = GemmConfig(tile_m=64, tile_n=192, wg_split="n", stages=4, epilogue_tile=(64, 32))
+  _export((1024, 1024), (1024, 1024), transpose_b=True, config=config)
 
 
 def test_transposed_a_needs_split_n():

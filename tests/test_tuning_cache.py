@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 
@@ -87,6 +88,50 @@ def test_lookup_config_reads_the_file_named_by_the_environment(tmp_path, monkeyp
     tc.TuningCache(str(path)).store(tc.TuningKey.current(PROBLEM, "relu"), CONFIG, 1.0)
     assert tc.lookup_config(PROBLEM, "relu") == CONFIG
     assert tc.lookup_config(PROBLEM) is None  # no activation: another key
+
+
+# -- the shipped table ---------------------------------------------------------
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_shipped_table_parses_cleanly_and_every_entry_validates():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        records = tc.TuningCache(tc.PACKAGED_PATH).records()
+    assert len(records) >= 21 and {r.key.device_kind for r in records.values()} == {H100}
+    for record in records.values():
+        record.config.validate(record.key.problem)
+
+
+def test_packaged_config_takes_the_smallest_tuned_m_within_reach(tmp_path):
+    shipped = tc.TuningCache(str(tmp_path / "shipped.json"))
+    small, large = GemmConfig(tile_m=64, tile_n=128, wg_split="n"), CONFIG
+    for m, config in ((16, small), (256, large)):
+        shipped.store(tc.TuningKey(H100, "0.11.2", dataclasses.replace(PROBLEM, m=m)), config, 1.0)
+    at = lambda m, **kw: tc.packaged_config(dataclasses.replace(PROBLEM, m=m),
+                                            device_kind=kw.pop("device_kind", H100),
+                                            path=shipped.path, **kw)
+    assert at(1) == small and at(16) == small   # 1 <= 16 <= max(16, 4)
+    assert at(17) is None                       # 256 > 4 * 17: out of reach
+    assert at(64) == large and at(256) == large
+    assert at(257) is None                      # nothing tuned at M >= 257
+    assert at(64, device_kind="NVIDIA H200") is None
+    assert at(64, activation="relu") is None    # the activation is part of the key
+    other = dataclasses.replace(PROBLEM, m=64, transpose_b=True)
+    assert tc.packaged_config(other, device_kind=H100, path=shipped.path) is None
+
+
+def test_the_users_cache_comes_before_the_shipped_table(tmp_path, monkeypatch):
+    problem = GemmProblem(m=16, n=4096, k=4096)
+    shipped = tc.TuningCache(str(tmp_path / "shipped.json"))
+    shipped.store(tc.TuningKey.current(problem), CONFIG, 1.0)
+    monkeypatch.setattr(tc, "PACKAGED_PATH", shipped.path)
+    monkeypatch.setattr(tc.packaged_config, "__defaults__", (None, None, shipped.path))
+    monkeypatch.setenv("PALLAS_GEMM_CACHE", str(tmp_path / "user.json"))
+    assert tc.lookup_config(problem) == CONFIG
+    mine = dataclasses.replace(CONFIG, stages=4)
+    tc.TuningCache(str(tmp_path / "user.json")).store(tc.TuningKey.current(problem), mine, 1.0)
+    assert tc.lookup_config(problem) == mine
 
 
 # -- load and store -----------------------------------------------------------
