@@ -169,7 +169,7 @@ def checks() -> list[Check]:
                                activation="silu", clamp=(-1.0, 2.0), return_pre=True,
                                config=GemmConfig(schedule="pingpong", tile_n=128, stages=4))),
   ]
-  return checks + split_k_checks()
+  return checks + split_k_checks() + shipped_table_checks()
 
 
 def split_k_checks() -> list[Check]:
@@ -199,6 +199,25 @@ def split_k_checks() -> list[Check]:
             dict(transpose_b=True, config=with_split(4, tile_k=128, stages=4)),
             dtype="float8_e4m3fn"),
   ]
+
+
+def shipped_table_checks() -> list[Check]:
+  """Every config of the shipped tuning table (names contain "shipped"), run
+  explicitly at the M it was tuned for and at the smallest M within its reach
+  (`tuning_cache.packaged_config`) or below, so a tuned winner is never trusted for
+  speed alone. Only NN bf16 entries without epilogues are shipped today."""
+  from pallas_gemm import tuning_cache
+
+  found = []
+  for record in tuning_cache.TuningCache(tuning_cache.PACKAGED_PATH).records().values():
+    p = record.key.problem
+    assert not (p.transpose_a or p.transpose_b or p.has_bias or p.has_c or p.batch > 1), p
+    smallest = next(m for m in range(1, p.m + 1)
+                    if p.m <= max(16, tuning_cache.PACKAGED_M_REACH * m))
+    for m in sorted({smallest, p.m}):
+      found.append(Check(f"NN shipped {m}x{p.n}x{p.k} (tuned at M={p.m})", (m, p.k), (p.k, p.n),
+                         dict(config=record.config), dtype=p.dtype))
+  return found
 
 
 def _poison(nbytes: int):
