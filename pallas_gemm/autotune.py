@@ -73,7 +73,7 @@ class SearchSpace:
 
   tile_m: tuple[int, ...] = (64, 128, 256)
   split_k: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-  tile_n: tuple[int, ...] = (64, 128, 192, 256)
+  tile_n: tuple[int, ...] = (32, 64, 128, 192, 256)
   tile_k: tuple[int, ...] = (32, 64, 128)
   stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7)
   schedule: tuple[str, ...] = SCHEDULES

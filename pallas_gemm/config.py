@@ -241,6 +241,7 @@ class GemmConfig:
     span = smem.swizzle_span(problem.dtype, 128)
     if self.tile_k % span:
       fail("tile_k", f"must be a multiple of {span} ({problem.dtype}: one 128-byte swizzle span)")
+    span = smem.swizzle_span(problem.dtype, min(smem.SWIZZLE_BYTES))  # MN-major tiles may narrow
     # An MN-major operand's tile (and each warpgroup's slice of it) must hold whole swizzle spans.
     minor_tiles = {"tile_m": (self.tile_m, wm) if problem.transpose_a else None,
                    "tile_n": (self.tile_n, wn) if not problem.transpose_b else None}

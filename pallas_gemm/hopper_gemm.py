@@ -426,9 +426,12 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   a_major = "MN" if problem.transpose_a else "K"
   b_major = "K" if problem.transpose_b else "MN"
+  wm, wn = config.wg_tile  # an MN-major tile is sliced per warpgroup: each slice whole spans
+  a_rows = wm if a_major == "MN" else tm
+  b_rows = wn if b_major == "MN" else tn
   for width in smem.SWIZZLE_BYTES:
-    a_spec = smem.operand_spec(problem.dtype, (tm, tk), a_major, a_minor, swizzle=width)
-    b_spec = smem.operand_spec(problem.dtype_b, (tn, tk), b_major, b_minor, swizzle=width)
+    a_spec = smem.operand_spec(problem.dtype, (a_rows, tk), a_major, a_minor, swizzle=width)
+    b_spec = smem.operand_spec(problem.dtype_b, (b_rows, tk), b_major, b_minor, swizzle=width)
     if a_spec is not None and b_spec is not None:
       return (smem.tile_transforms(problem.dtype, width, (tm, tk), a_major),
               smem.tile_transforms(problem.dtype_b, width, (tn, tk), b_major))

@@ -113,6 +113,16 @@ def test_schedules(config):
   _run(384, 3 * config.tile_n, 256, config=config)
 
 
+@pytest.mark.parametrize("config", [
+    GemmConfig(tile_m=64, tile_n=64, wg_split="n", stages=4, epilogue_tile=(64, 32)),
+    GemmConfig(tile_m=128, tile_n=32, stages=4, epilogue_tile=(64, 32)),
+    GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+], ids=["coop-n-64x64", "coop-m-128x32", "pingpong-64x32"])
+def test_narrow_n_major_b_tiles_narrow_the_swizzle(config):
+  # Each warpgroup's slice of the N-major B tile is 32 columns: a 64-byte swizzle, not 128.
+  _run(136, 104, 200, config=config)
+
+
 @pytest.mark.parametrize("epilogue", [
     dict(bias=True, activation="relu"),
     dict(bias=True, activation="gelu_tanh"),
