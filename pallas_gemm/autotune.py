@@ -75,7 +75,7 @@ class SearchSpace:
   split_k: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
   tile_n: tuple[int, ...] = (32, 64, 128, 192, 256)
   tile_k: tuple[int, ...] = (32, 64, 128)
-  stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7)
+  stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
   schedule: tuple[str, ...] = SCHEDULES
   wg_split: tuple[str, ...] = WG_SPLITS
   cluster: tuple[tuple[int, int], ...] = CLUSTERS
@@ -204,6 +204,8 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
         config = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, schedule=schedule,
                             wg_split=wg_split, cluster=cluster, split_k=k_splits,
                             epilogue_tile=PARTIAL_EPILOGUE_TILE if k_splits > 1 else epilogue_tile)
+        if config.epilogue_tile and config.epilogue_tile[1] > config.wg_tile[1]:
+          config = dataclasses.replace(config, epilogue_tile=None)  # narrow: the whole tile
         if _is_valid(config, problem):
           fitting.append(config)
         if len(fitting) == space.deepest_stages:
