@@ -73,7 +73,7 @@ def _shape_key(config):
 ])
 def test_candidates_are_valid_pruned_and_not_too_many(problem):
     configs = at.candidate_configs(problem)
-    assert 1 <= len(configs) <= 300
+    assert 1 <= len(configs) <= 400  # ~0.3 s each with parallel compiles
     assert len(set(configs)) == len(configs)
     heuristic = default_config(problem)
     assert heuristic in configs  # tuning never loses to the default
