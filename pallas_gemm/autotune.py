@@ -177,7 +177,8 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
   shapes, swizzle divisibility, registers), whose tiles do not overhang the
   problem by a whole 64-row block, whose clusters have tiles to share, and,
   per tile shape and schedule, the `space.deepest_stages` deepest rings that
-  fit; pingpong's two rings need an even number of stages, at least 2 each.
+  fit and are no deeper than the K steps of a slice; pingpong's two rings
+  need an even number of stages, at least 2 each.
   Raster order and group stay at their defaults (see `raster_variants`).
   Split-K counts: see `_split_counts`. The heuristic's own choice
   (`default_config`) is always a candidate, so tuning never loses to it.
@@ -198,8 +199,11 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
       k_split_counts = _split_counts(problem, tm, tn, tk, space, num_sms)
     for wg_split, k_splits in itertools.product(wg_splits, k_split_counts):
       fitting = []
+      steps = tiles(tiles(problem.k, tk), k_splits)  # a ring deeper than the K steps idles
       for stages in sorted(space.stages, reverse=True):
         if schedule == "pingpong" and (stages % 2 or stages < 4):
+          continue
+        if stages > max(steps, 4 if schedule == "pingpong" else 2):
           continue
         config = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, schedule=schedule,
                             wg_split=wg_split, cluster=cluster, split_k=k_splits,

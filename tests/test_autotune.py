@@ -93,7 +93,9 @@ def test_candidates_are_valid_pruned_and_not_too_many(problem):
         if shape == _shape_key(heuristic) and len(stages) > SPACE.deepest_stages:
             stages.remove(heuristic.stages)  # the heuristic's own ring, added to the search
         assert len(stages) <= SPACE.deepest_stages
-        deeper = [s for s in SPACE.stages if s > max(stages)
+        steps = -(-(-(-problem.k // shape.tile_k)) // shape.split_k)
+        floor = 4 if shape.schedule == "pingpong" else 2
+        deeper = [s for s in SPACE.stages if s > max(stages) and s <= max(steps, floor)
                   and (shape.schedule != "pingpong" or s % 2 == 0)]
         assert not deeper or not at._is_valid(dataclasses.replace(shape, stages=deeper[0]), problem)
 
@@ -104,7 +106,7 @@ def test_a_large_problem_explores_every_schedule_cluster_and_tile_shape():
     assert {c.schedule for c in configs} == {"cooperative", "pingpong"}
     assert {c.cluster for c in configs} == {(1, 1), (2, 1), (1, 2)}
     assert {c.tile_m for c in configs} == {64, 128, 256}
-    assert {c.tile_n for c in configs} == {64, 128, 192, 256}
+    assert {c.tile_n for c in configs} == {32, 64, 128, 192, 256}
     assert {c.wg_split for c in configs if c.schedule == "cooperative"} == {"m", "n"}
     transposed_a = at.candidate_configs(dataclasses.replace(BIG, transpose_a=True))
     assert all(c.wg_split == "n" for c in transposed_a if c.schedule == "cooperative")
@@ -328,7 +330,8 @@ def test_command_line_accepts_dashed_flags_and_shape_files(tmp_path, monkeypatch
         flags.FLAGS.unparse_flags()
     text = capsys.readouterr().out
     assert "[2/2] 128x256x512 bfloat16 NN: " in text
-    assert "64x64x64 s6 pingpong" in text and "64x64x64 s4 pingpong" not in text  # deepest only
+    assert "64x64x64 s4 pingpong" in text and "64x64x64 s6 pingpong" not in text  # 1 K step
+    assert "64x64x64 s8 cooperative/n" in text and " s10 " not in text  # <= the 8 K steps
 
 
 def test_command_line_needs_exactly_one_shape_source():
