@@ -252,7 +252,9 @@ class CuptiTimer:
 
   Times are CUPTI's (`jax.experimental.mosaic.gpu.profiler.measure`), summed
   over the kernels of one call (padding copies included, as a user pays
-  them), median over `iterations` calls after one warm-up. `prepare(configs)`
+  them), median over `iterations` calls after one warm-up. `verify(config)`
+  returns the relative error of a config's output against `matmul`'s XLA
+  path (the tuner checks its winner with it). `prepare(configs)`
   compiles many configs ahead on `workers` threads (compilation releases the
   GIL for most of its time), so that timing them is not serialised behind
   each one's compile. `measure` and `implementation` can be replaced, e.g. to
@@ -271,8 +273,9 @@ class CuptiTimer:
     self.workers = workers or min(8, os.cpu_count() or 1)
     self.operands = _random_operands(problem, seed)
     self._compiled = {}  # config -> compiled executable, or the exception compiling raised
+    self._reference = None  # the XLA path's output, computed on the first `verify`
 
-  def _jitted(self, config: GemmConfig):
+  def _run_with(self, config: GemmConfig | None, implementation: str):
     from pallas_gemm.matmul import matmul  # not at the top: matmul consults this module
 
     problem = self.problem
@@ -281,9 +284,12 @@ class CuptiTimer:
       return matmul(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
                     bias=bias, activation=self.activation, c=c,
                     beta=1.0 if problem.has_c else 0.0, out_dtype=problem.out_dtype,
-                    config=config, implementation=self.implementation)
+                    config=config, implementation=implementation)
 
-    return jax.jit(run)
+    return run
+
+  def _jitted(self, config: GemmConfig):
+    return jax.jit(self._run_with(config, self.implementation))
 
   def _compile(self, config: GemmConfig):
     try:
@@ -296,6 +302,15 @@ class CuptiTimer:
     todo = [c for c in dict.fromkeys(configs) if c not in self._compiled]
     with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
       self._compiled.update(zip(todo, pool.map(self._compile, todo)))
+
+  def verify(self, config: GemmConfig) -> float:
+    """Relative error of `config`'s output against `matmul`'s XLA path on the same operands."""
+    out = self._jitted(config)(*self.operands)
+    if self._reference is None:
+      self._reference = jax.jit(self._run_with(None, "xla"))(*self.operands)
+    diff = jnp.linalg.norm((out.astype(jnp.float32) - self._reference.astype(jnp.float32)).ravel())
+    scale = jnp.linalg.norm(self._reference.astype(jnp.float32).ravel())
+    return float(jnp.nan_to_num(diff / jnp.maximum(scale, 1e-30), nan=jnp.inf))
 
   def __call__(self, config: GemmConfig) -> float:
     fn = self._compiled.pop(config, None) or self._jitted(config)
@@ -325,6 +340,27 @@ def _fastest(configs, timer: Timer, progress: Progress | None, done: int, total:
   return [(ms, config) for ms, _, config in sorted(timed)], failures
 
 
+VERIFY_BOUNDS = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 5e-3}
+"""Largest relative error (vs `matmul`'s XLA path) a tuned winner may show, by output dtype:
+a few roundings of the output dtype (fp8 outputs: 0.25)."""
+
+
+def _first_correct(ranked, timer: Timer, problem: GemmProblem):
+  """The fastest (ms, config) of `ranked` whose output `timer.verify` accepts (no verify: the
+  fastest). A config that computes wrong numbers is skipped with a warning, never cached."""
+  verify = getattr(timer, "verify", None)
+  if verify is None:
+    return ranked[0]
+  bound = VERIFY_BOUNDS.get(problem.out_dtype, 0.25)
+  for ms, config in ranked:
+    err = verify(config)
+    if err <= bound:
+      return ms, config
+    warnings.warn(f"skipping {config} for {problem}: its output is off by {err:.2e} "
+                  f"(relative; bound {bound:.0e}) against the XLA path", stacklevel=3)
+  raise RuntimeError(f"no candidate config computed {problem} correctly")
+
+
 def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: Timer | None = None,
                  space: SearchSpace = SearchSpace(), cache: tuning_cache.TuningCache | None = None,
                  progress: Progress | None = None) -> GemmConfig:
@@ -334,7 +370,8 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   timer with a `prepare(configs)` method is handed each phase's configs first
   (`CuptiTimer` compiles them in parallel);
   `cache` to the default cache. Candidates that fail are skipped with one
-  warning; if all fail, RuntimeError.
+  warning; if all fail, RuntimeError. With a timer that can `verify`, the
+  winner is the fastest config whose output matches the XLA path.
   """
   candidates = candidate_configs(problem, space)
   if not candidates:
@@ -357,7 +394,7 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
                   f"{problem} (first: {config}: {type(error).__name__}: {error})", stacklevel=2)
   if not ranked:
     raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
-  best_ms, best = min(ranked[:1] + refined[:1], key=lambda pair: pair[0])
+  best_ms, best = _first_correct(sorted(ranked + refined, key=lambda pair: pair[0]), timer, problem)
   cache = cache or tuning_cache.default_cache()
   cache.store(tuning_cache.TuningKey.current(problem, activation), best, best_ms)
   return best

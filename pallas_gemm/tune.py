@@ -12,6 +12,7 @@ directory (see `pallas_gemm.tuning_cache.cache_path`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 from absl import app
@@ -25,6 +26,7 @@ _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text l
 _SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
 _M_VALUES = flags.DEFINE_list("m_values", None, "keep only the shapes whose M is one of these")
 _TILE_K = flags.DEFINE_list("tile_k", None, "tile_k values to try (default: all of SearchSpace)")
+_LOG = flags.DEFINE_string("log", None, "append every timed config as a JSON line to this file")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per shape; time nothing")
 _CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
                              "platform's cache directory)")
@@ -69,9 +71,11 @@ class ProgressBar:
   def __init__(self, stream, width: int = 30):
     self.stream, self.width = stream, width
     self.best_ms = None
+    self.trials = []  # (config, ms or None), in the order they ran
     self._tty = stream.isatty()
 
   def __call__(self, done: int, total: int, config, ms: float | None) -> None:
+    self.trials.append((config, ms))
     if ms is not None and (self.best_ms is None or ms < self.best_ms):
       self.best_ms = ms
     if not self._tty and done * 10 // total == (done - 1) * 10 // total:
@@ -89,12 +93,13 @@ class ProgressBar:
 
 def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
                 space: SearchSpace = SearchSpace(), out=None, err=None,
-                timer_factory=CuptiTimer, iterations: int = 20) -> int:
+                timer_factory=CuptiTimer, iterations: int = 20, log: str | None = None) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
 
   Returns the exit status: 0; 1 if some shape had no config that ran; or
   `NO_GPU_STATUS` when tuning needs a GPU that is not there. `timer_factory(problem, activation, iterations=...)` makes the
-  timer of one shape. `out` and `err` default to stdout and stderr.
+  timer of one shape. `out` and `err` default to stdout and stderr. `log`: a
+  file that gets one JSON line per timed config (shape, config, ms or null).
   """
   out, err = out or sys.stdout, err or sys.stderr
   reason = None if dry_run else missing_gpu()
@@ -121,6 +126,11 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
       out.write(f"  failed: {e} ({type(e.__cause__).__name__}: {e.__cause__})\n")
       failed += 1
       continue
+    finally:
+      if log:
+        with open(log, "a", encoding="utf-8") as f:
+          f.writelines(json.dumps({"shape": shape.label, "config": dataclasses.asdict(config),
+                                   "ms": ms}) + "\n" for config, ms in bar.trials)
     bar.close()
     ms = cache.record(tuning_cache.TuningKey.current(problem, activation)).time_ms
     out.write(f"  best {describe(best)}: {ms:.4f} ms, {problem.flops / ms / 1e9:.1f} TFLOP/s\n")
@@ -149,7 +159,7 @@ def main(argv) -> int:
   if _TILE_K.value:
     space = dataclasses.replace(space, tile_k=tuple(int(k) for k in _TILE_K.value))
   return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
-                     iterations=_ITERATIONS.value)
+                     iterations=_ITERATIONS.value, log=_LOG.value)
 
 
 def parse_flags(argv):

@@ -5,6 +5,7 @@ import dataclasses
 import doctest
 import importlib
 import io
+import json
 import os
 import warnings
 
@@ -210,6 +211,38 @@ def test_cupti_timer_prepares_configs_in_parallel_and_reports_compile_errors_whe
         timer(bad)
 
 
+class _VerifyingTimer:
+    """Times by tile size (bigger is faster); `wrong` configs compute garbage."""
+
+    def __init__(self, wrong):
+        self.wrong = wrong
+
+    def __call__(self, config):
+        return 1e4 / (config.tile_m * config.tile_n) + 1e-3 * config.stages
+
+    def verify(self, config):
+        return 1.0 if self.wrong(config) else 1e-3
+
+
+def test_tuning_skips_a_fast_config_that_computes_wrong_numbers(cache):
+    problem = GemmProblem(m=4096, n=4096, k=4096)
+    fastest = at.tune_problem(problem, timer=_VerifyingTimer(lambda c: False), cache=cache)
+    broken = lambda c: (c.tile_m, c.tile_n) == (fastest.tile_m, fastest.tile_n)
+    with pytest.warns(UserWarning, match="off by 1.00e\\+00"):
+        second = at.tune_problem(problem, timer=_VerifyingTimer(broken), cache=cache)
+    assert not broken(second)
+    assert cache.lookup(tc.TuningKey.current(problem)) == second
+    with pytest.raises(RuntimeError, match="no candidate config computed"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        at.tune_problem(problem, timer=_VerifyingTimer(lambda c: True), cache=cache)
+
+
+def test_cupti_timer_verifies_against_the_xla_path():
+    problem = GemmProblem(m=40, n=24, k=72, has_bias=True)
+    timer = at.CuptiTimer(problem, "gelu_tanh", implementation="xla", measure=lambda fn, iterations: None)
+    assert timer.verify(GemmConfig()) < 1e-6  # the XLA path against itself
+
+
 # -- what matmul calls --------------------------------------------------------
 def test_in_trace_sees_tracers_and_closed_over_constants():
     x = jnp.ones(3)
@@ -276,13 +309,18 @@ def test_tuning_without_a_gpu_fails_clearly(cache):
     assert "cannot tune: no GPU" in err.getvalue() and "--dry-run" in err.getvalue()
 
 
-def test_tuning_writes_every_shape_to_the_cache(cache, monkeypatch):
+def test_tuning_writes_every_shape_to_the_cache(cache, monkeypatch, tmp_path):
     monkeypatch.setattr(tune, "missing_gpu", lambda: None)
-    out = io.StringIO()
+    out, log = io.StringIO(), tmp_path / "trials.jsonl"
     status = tune.tune_shapes(SHAPES, dry_run=False, cache=cache, out=out,
-                              timer_factory=lambda problem, act, iterations: fake_ms)
+                              timer_factory=lambda problem, act, iterations: fake_ms, log=str(log))
     assert status == 0
     assert len(cache.records()) == 2
+    trials = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {t["shape"] for t in trials} == {s.label for s in SHAPES}
+    assert all(t["ms"] == fake_ms(GemmConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                               for k, v in t["config"].items()}))
+               for t in trials)
     assert out.getvalue().count("  best ") == 2 and "TFLOP/s" in out.getvalue()
     assert "] 1" in out.getvalue()  # the progress bar
 
