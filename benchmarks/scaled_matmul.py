@@ -94,6 +94,10 @@ def checks() -> list[Check]:
       Check("split-n cluster12 amax 1000x1016x1024", 1000, 1016, 1024, b_scale="col", amax=True,
             config=GemmConfig(wg_split="n", cluster=(1, 2), tile_k=128, stages=3)),
       Check("e4m3 x e5m2 amax 1000x1016x1024", 1000, 1016, 1024, b_dtype=E5M2, amax=True),
+      # Fp8Linear(backward="e5m2"): dx = dy(e5m2) . W(e4m3), dW = x^T(e4m3) . dy^T(e5m2), f32 out.
+      Check("e5m2 x e4m3 (dx-like) 1000x1016x1024", 1000, 1016, 1024, a_dtype=E5M2),
+      Check("e4m3 x e5m2 f32 (dW-like) 1016x1024x1000", 1016, 1024, 1000, "float32",
+            b_dtype=E5M2),
       Check("8192^3 bias+gelu amax", 8192, 8192, 8192, bias=True, activation="gelu_tanh",
             amax=True),
       Check("8192^3 e4m3 out_scale amax", 8192, 8192, 8192, E4M3, bias=True,

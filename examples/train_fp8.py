@@ -1,10 +1,12 @@
 """Trains the MLP of `train_mlp.py` twice: with `pallas_gemm.flax.Fp8Linear` (fp8 e4m3
-forward GEMMs, delayed scaling, bf16 backward) and with the bf16 `pallas_gemm.flax.Linear`,
+forward GEMMs, delayed scaling; bf16 backward, or e5m2 gradients with `--backward e5m2`)
+and with the bf16 `pallas_gemm.flax.Linear`,
 from the same initial parameters on the same batches, and checks that fp8 training reaches
 the bf16 model's final loss within a tolerance.
 
   python examples/train_fp8.py                      # CPU: XLA; GPU: the Pallas kernels
   python examples/train_fp8.py --steps 100 --tolerance 0.3
+  python examples/train_fp8.py --backward e5m2        # fp8 backward GEMMs too
 """
 
 import argparse
@@ -23,11 +25,12 @@ from train_mlp import (ACTIVATION, add_training_arguments, describe_run, teacher
 class MLP(nnx.Module):
   """Dense layers with the activation fused (bf16 `Linear`) or after the fp8 GEMM (`Fp8Linear`)."""
 
-  def __init__(self, sizes, *, fp8, implementation, rngs):
+  def __init__(self, sizes, *, fp8, implementation, rngs, backward="bf16"):
     shapes = list(zip(sizes[:-1], sizes[1:]))
     activations = [ACTIVATION] * (len(shapes) - 1) + [None]
     if fp8:
-      layers = [pflax.Fp8Linear(i, o, activation=act, implementation=implementation, rngs=rngs)
+      layers = [pflax.Fp8Linear(i, o, activation=act, backward=backward,
+                                implementation=implementation, rngs=rngs)
                 for (i, o), act in zip(shapes, activations)]
     else:
       layers = [pflax.Linear(i, o, activation=act, dtype=jnp.bfloat16,
@@ -46,15 +49,18 @@ def main(argv=None):
   add_training_arguments(parser, implementations=("pallas", "xla"))
   parser.add_argument("--tolerance", type=float, default=0.1,
                       help="allowed relative excess of the fp8 final loss over the bf16 one")
+  parser.add_argument("--backward", choices=pflax.BACKWARDS, default="bf16",
+                      help="Fp8Linear's backward GEMMs: bf16, or e5m2 gradients x e4m3")
   args = parser.parse_args(argv)
   sizes, implementation = describe_run(args)
   print(f"MLP {sizes}, {ACTIVATION} between layers, f32 params, adam lr={args.lr}, "
         f"batch {args.batch}, {args.steps} steps")
 
   target = teacher(sizes, jax.random.key(1))
+  fp8_name = f"Fp8Linear (e4m3 fwd, {args.backward} bwd)"
   models = {
-      "Fp8Linear (e4m3 fwd)": MLP(sizes, fp8=True, implementation=implementation,
-                                  rngs=nnx.Rngs(0)),
+      fp8_name: MLP(sizes, fp8=True, implementation=implementation, rngs=nnx.Rngs(0),
+                    backward=args.backward),
       "Linear (bf16)": MLP(sizes, fp8=False, implementation=implementation, rngs=nnx.Rngs(0)),
   }
   same_init = jax.tree.all(jax.tree.map(
@@ -63,12 +69,12 @@ def main(argv=None):
   print(f"same initial parameters: {same_init}")
   losses = train_side_by_side(models, target, width=sizes[0], steps=args.steps,
                               batch=args.batch, lr=args.lr, log_every=args.log_every)
-  first = models["Fp8Linear (e4m3 fwd)"].layers[0]
+  first = models[fp8_name].layers[0]
   print(f"first layer's fp8 scales after training: input {float(first.input_scale[...]):.1f}, "
         f"kernel {float(first.kernel_scale[...]):.1f}")
   # Average the last 10 steps: single-batch losses are noisy.
   final = {name: statistics.fmean(loss[-10:]) for name, loss in losses.items()}
-  fp8_loss, bf16_loss = final["Fp8Linear (e4m3 fwd)"], final["Linear (bf16)"]
+  fp8_loss, bf16_loss = final[fp8_name], final["Linear (bf16)"]
   ok = same_init and fp8_loss <= bf16_loss * (1 + args.tolerance)
   print(f"mean loss of the last 10 steps: fp8 {fp8_loss:.5f}, bf16 {bf16_loss:.5f}; "
         f"check fp8 <= bf16 * (1 + {args.tolerance}): {'PASS' if ok else 'FAIL'}")

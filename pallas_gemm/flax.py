@@ -113,6 +113,10 @@ def dense(inputs, kernel, bias=None, *, activation=None, out_dtype=None, impleme
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
 
 
+BACKWARDS = ("bf16", "e5m2")
+"""`Fp8Linear(backward=...)`: the backward GEMMs' operands."""
+
+
 class Fp8Meta(nnx.Variable):
   """fp8 scaling state (amax histories, scales): updated by the forward pass, not
   by the optimizer (`nnx.Optimizer(..., wrt=nnx.Param)` leaves it alone)."""
@@ -136,10 +140,15 @@ class Fp8Linear(nnx.Module):
   `fp8_max / (max(history) * 2**margin)` (`pallas_gemm.fp8`). The scales
   reach the kernel as arrays, so a changed scale never recompiles.
 
-  Backward (`jax.custom_vjp`): bf16 GEMMs with the unquantized operands
-  (dx = dy @ kernel^T, dkernel = x^T @ dy, straight through the quantization),
-  so no output-gradient scaling state is needed; the e5m2-gradient variant is
-  not implemented. The activation runs in XLA after the GEMM (its derivative
+  Backward (`jax.custom_vjp`), chosen by `backward`: "bf16" (default), GEMMs
+  with the unquantized operands in `dtype` (dx = dy @ kernel^T, dkernel =
+  x^T @ dy, straight through the quantization); or "e5m2", TransformerEngine's
+  hybrid recipe: dy quantized to e5m2 with its own current scale
+  (`fp8.current_scale`, so no gradient state is carried between steps), and
+  both GEMMs run as `scaled_matmul` on fp8 operands (dy e5m2 against the e4m3
+  kernel and input quantized with the forward's scales; x^T and dy^T are
+  transposed in the quantizing XLA pass). Mixed e4m3 x e5m2 kernels need
+  jax >= 0.11. The activation runs in XLA after the GEMM (its derivative
   needs the pre-activation).
 
   Inside a jitted train step, call the model inside `nnx.value_and_grad` (or
@@ -155,6 +164,7 @@ class Fp8Linear(nnx.Module):
     activation: None or an activation name of `pallas_gemm.epilogue.ACTIVATIONS`.
     amax_history_len: entries kept per history (default 16).
     margin: scales are divided by 2**margin (headroom).
+    backward: "bf16" or "e5m2": the backward GEMMs' operands (see above).
     implementation: as `pallas_gemm.scaled_matmul` (None: the kernel on a GPU).
 
   >>> import jax.numpy as jnp
@@ -168,10 +178,12 @@ class Fp8Linear(nnx.Module):
                dtype=jnp.bfloat16, param_dtype=jnp.float32,
                kernel_init=nnx.initializers.lecun_normal(), bias_init=nnx.initializers.zeros,
                activation: str | None = None, amax_history_len: int = 16, margin: int = 0,
-               implementation: str | None = None, rngs: nnx.Rngs):
+               backward: str = "bf16", implementation: str | None = None, rngs: nnx.Rngs):
     if activation is not None and activation not in epilogue_lib.ACTIVATIONS:
       raise ValueError(f"activation must be None or one of {sorted(epilogue_lib.ACTIVATIONS)}, "
                        f"got {activation!r}")
+    if backward not in BACKWARDS:
+      raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if amax_history_len < 1:
       raise ValueError(f"amax_history_len must be >= 1, got {amax_history_len}")
     self.in_features, self.out_features = in_features, out_features
@@ -184,6 +196,7 @@ class Fp8Linear(nnx.Module):
     self.dtype = dtype
     self.activation = activation
     self.margin = margin
+    self.backward = backward
     self.implementation = implementation
 
   def __call__(self, inputs):
@@ -191,8 +204,8 @@ class Fp8Linear(nnx.Module):
     kernel = self.kernel[...].astype(self.dtype)
     bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
     x_scale, kernel_scale = self.input_scale[...], self.kernel_scale[...]
-    y = _fp8_dense(jnp.dtype(self.dtype).name, self.implementation, x, kernel, bias,
-                   x_scale, kernel_scale)
+    y = _fp8_dense(jnp.dtype(self.dtype).name, self.implementation, self.backward, x, kernel,
+                   bias, x_scale, kernel_scale)
     if self.activation is not None:
       y = epilogue_lib.ACTIVATIONS[self.activation](y.astype(jnp.float32)).astype(self.dtype)
     for history, scale, value in ((self.input_amax_history, self.input_scale, x),
@@ -203,28 +216,40 @@ class Fp8Linear(nnx.Module):
     return y.reshape(*inputs.shape[:-1], self.out_features)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _fp8_dense(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
   """x @ kernel + bias with e4m3 operands quantized by the given scales."""
+  del backward  # the backward rule's choice
   x8 = fp8.quantize(x, x_scale)
   w8 = fp8.quantize(kernel.T, kernel_scale)  # (out, in): K-major, as the kernel reads it
   return scaled_matmul(x8, w8, 1.0 / x_scale, 1.0 / kernel_scale, bias=bias,
                        out_dtype=out_dtype, implementation=implementation)
 
 
-def _fp8_dense_fwd(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale):
-  y = _fp8_dense(out_dtype, implementation, x, kernel, bias, x_scale, kernel_scale)
+def _fp8_dense_fwd(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
+  y = _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale)
   return y, (x, kernel, bias is not None, x_scale, kernel_scale)
 
 
-def _fp8_dense_bwd(out_dtype, implementation, saved, g):
+def _fp8_dense_bwd(out_dtype, implementation, backward, saved, g):
   x, kernel, has_bias, x_scale, kernel_scale = saved
   g = g.astype(x.dtype)
-  dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
-  dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
-                            implementation=implementation).astype(kernel.dtype)
   dbias = jnp.sum(g, axis=0, dtype=jnp.float32) if has_bias else None
-  return dx, dkernel, dbias, jnp.zeros_like(x_scale), jnp.zeros_like(kernel_scale)
+  if backward == "e5m2":
+    g_scale = fp8.current_scale(g, jnp.float8_e5m2)
+    e5m2 = functools.partial(fp8.quantize, scale=g_scale, dtype=jnp.float8_e5m2)
+    # dx (M, K) = g (M, N) . kernel (K, N)^T: the kernel (in, out) is already (N_out=K, contracted).
+    dx = scaled_matmul(e5m2(g), fp8.quantize(kernel, kernel_scale), 1.0 / g_scale,
+                       1.0 / kernel_scale, out_dtype=x.dtype, implementation=implementation)
+    # dkernel (K, N) = x^T (K, M) . g (M, N): both operands transposed while quantized.
+    dkernel = scaled_matmul(fp8.quantize(x.T, x_scale), e5m2(g.T), 1.0 / x_scale, 1.0 / g_scale,
+                            out_dtype=jnp.float32, implementation=implementation)
+  else:
+    dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
+    dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
+                              implementation=implementation)
+  return (dx, dkernel.astype(kernel.dtype), dbias, jnp.zeros_like(x_scale),
+          jnp.zeros_like(kernel_scale))
 
 
 _fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)

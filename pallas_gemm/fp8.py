@@ -7,7 +7,9 @@
     history  = [amax(x), *history[:-1]]                      (`update_history`, newest first)
 
 "Delayed": a step quantizes with the scale computed from the amaxes of the
-steps before it, and then records its own amax.
+steps before it, and then records its own amax. Gradients use "current"
+scaling instead (`current_scale`: from the tensor's own amax, one more pass
+over it), which needs no state carried between backward passes.
 
 >>> import jax.numpy as jnp
 >>> history = update_history(jnp.zeros(4), jnp.float32(2.0))
@@ -15,6 +17,8 @@ steps before it, and then records its own amax.
 ([2.0, 0.0, 0.0, 0.0], 224.0)
 >>> quantize(jnp.array([1.0, 1000.0]), jnp.float32(2.0)).astype(jnp.float32).tolist()
 [2.0, 448.0]
+>>> float(current_scale(jnp.array([-4.0, 2.0]), jnp.float8_e5m2))  # 57344 / 4
+14336.0
 """
 
 from __future__ import annotations
@@ -45,3 +49,8 @@ def scale_from_history(history, scale, dtype=jnp.float8_e4m3fn, margin: int = 0)
   peak = jnp.max(history)
   fresh = fp8_max / (peak * 2.0**margin)
   return jnp.where((peak > 0) & jnp.isfinite(fresh), fresh, scale).astype(jnp.float32)
+
+
+def current_scale(x, dtype=jnp.float8_e4m3fn, margin: int = 0):
+  """fp8_max / (amax(x) * 2**margin) from `x` itself; 1 where x is all zero or not finite."""
+  return scale_from_history(jnp.reshape(amax(x), (1,)), jnp.float32(1), dtype, margin)

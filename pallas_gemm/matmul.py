@@ -120,9 +120,6 @@ def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
     if a.dtype.name not in FP8_DTYPES or b.dtype.name not in FP8_DTYPES:
       raise TypeError(f"a and b must have the same dtype (or be e4m3 x e5m2 fp8), "
                       f"got {a.dtype} and {b.dtype}")
-    if not _compat.SUPPORTS_MIXED_FP8:
-      raise TypeError(f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11, "
-                      f"this is jax {jax.__version__}")
   m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
   kb, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
   if k != kb:
@@ -360,6 +357,9 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
   before fp8 output scaling with `amax`."""
+  if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
+    raise TypeError(f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
+                    f"(this is jax {jax.__version__}); implementation='xla' runs it")
   m, n = problem.m, problem.n
   problem = dataclasses.replace(
       problem, has_scales=scalars is not None, has_row_scale=row_scale is not None,

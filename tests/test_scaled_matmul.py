@@ -310,6 +310,41 @@ def test_fp8_linear_trains_and_updates_its_scaling_state():
   assert len(traces) == 1  # new scale values every step, one compilation
 
 
+@pytest.mark.parametrize("backward,bound", [("bf16", 2e-2), ("e5m2", 0.15)])
+def test_fp8_linear_gradients_in_bf16_and_e5m2(backward, bound):
+  """dx and dkernel against float64 grads of the unquantized layer: straight through the
+  forward's e4m3 quantization; e5m2 (2 mantissa bits) costs ~5-10% relative error."""
+  pytest.importorskip("flax")
+  from flax import nnx
+  from pallas_gemm.flax import Fp8Linear
+
+  model = Fp8Linear(72, 40, backward=backward, implementation="xla", rngs=nnx.Rngs(1))
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.standard_normal((24, 72)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+  model(x)  # one step sets the scales from the amaxes (the first call quantizes with scale 1)
+
+  def loss(model, x):
+    return jnp.sum(model(x).astype(jnp.float32) * g)
+
+  grads, dx = nnx.grad(loss, argnums=(0, 1))(model, x)
+  x64, w64, g64 = (np.asarray(v, np.float64) for v in (x, model.kernel[...], g))
+  rel = lambda got, want: np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want)
+  assert rel(dx, g64 @ w64.T) < bound
+  assert rel(grads.kernel[...], x64.T @ g64) < bound
+  assert rel(grads.bias[...], g64.sum(0)) < 1e-2
+  assert rel(dx, g64 @ w64.T) > 1e-4  # it did quantize: not the exact product
+
+
+def test_fp8_linear_rejects_an_unknown_backward():
+  pytest.importorskip("flax")
+  from flax import nnx
+  from pallas_gemm.flax import Fp8Linear
+
+  with pytest.raises(ValueError, match="backward must be one of"):
+    Fp8Linear(8, 8, backward="e4m3", rngs=nnx.Rngs(0))
+
+
 # -- on a Hopper GPU (skipped elsewhere) ---------------------------------------------------
 def _device_checks():
   from benchmarks import scaled_matmul as bench
@@ -338,4 +373,6 @@ def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
   spec.loader.exec_module(example)
   assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
                        "--implementation", "xla", "--log-every", "20"]) == 0
+  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
+                       "--implementation", "xla", "--log-every", "20", "--backward", "e5m2"]) == 0
   assert "PASS" in capsys.readouterr().out
