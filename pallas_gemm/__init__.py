@@ -13,11 +13,11 @@ from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot_general import dot_general, make_dot_general
 from pallas_gemm.ragged_dot import ragged_dot
 from pallas_gemm.ragged_gemm import RaggedConfig
-from pallas_gemm.scaled import scaled_matmul
+from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
 
-__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "dot_general", "lookup_config",
-           "make_dot_general", "matmul", "ragged_dot", "scaled_matmul"]
+__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "dot_general", "fp8_linear",
+           "lookup_config", "make_dot_general", "matmul", "ragged_dot", "scaled_matmul"]
 
 
 def __getattr__(name):

@@ -32,7 +32,6 @@ try:
   from flax import linen, nnx
 except ImportError as e:  # flax is an optional dependency
   raise ImportError("pallas_gemm.flax needs flax: pip install 'pallas-gemm[flax]'") from e
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +40,7 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
-from pallas_gemm.scaled import scaled_matmul
+from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
 
 class Linear(nnx.Linear):
@@ -113,10 +112,6 @@ def dense(inputs, kernel, bias=None, *, activation=None, out_dtype=None, impleme
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
 
 
-BACKWARDS = ("bf16", "e5m2")
-"""`Fp8Linear(backward=...)`: the backward GEMMs' operands."""
-
-
 class Fp8Meta(nnx.Variable):
   """fp8 scaling state (amax histories, scales): updated by the forward pass, not
   by the optimizer (`nnx.Optimizer(..., wrt=nnx.Param)` leaves it alone)."""
@@ -132,10 +127,10 @@ class Fp8Linear(nnx.Module):
   newest first) and `input_scale`, `kernel_scale` (quantization scales, f32
   scalars, initially 1).
 
-  Forward: x and the kernel are quantized to e4m3 with the current scales
-  (one XLA pass each, which also takes their amax; the kernel is quantized
-  transposed, (out, in), the layout the fp8 kernel reads), then
-  `scaled_matmul(x8, w8, 1 / input_scale, 1 / kernel_scale, bias=bias)`;
+  Forward: `pallas_gemm.fp8_linear`: x and the kernel are quantized to e4m3
+  with the current scales (one XLA pass each, which also takes their amax; the
+  kernel is quantized transposed, (out, in), the layout the fp8 kernel reads),
+  then `scaled_matmul(x8, w8, 1 / input_scale, 1 / kernel_scale, bias=bias)`;
   then each history gets the new amax and each scale becomes
   `fp8_max / (max(history) * 2**margin)` (`pallas_gemm.fp8`). The scales
   reach the kernel as arrays, so a changed scale never recompiles.
@@ -204,8 +199,8 @@ class Fp8Linear(nnx.Module):
     kernel = self.kernel[...].astype(self.dtype)
     bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
     x_scale, kernel_scale = self.input_scale[...], self.kernel_scale[...]
-    y = _fp8_dense(jnp.dtype(self.dtype).name, self.implementation, self.backward, x, kernel,
-                   bias, x_scale, kernel_scale)
+    y = fp8_linear(x, kernel, bias, x_scale, kernel_scale, out_dtype=self.dtype,
+                   backward=self.backward, implementation=self.implementation)
     if self.activation is not None:
       y = epilogue_lib.ACTIVATIONS[self.activation](y.astype(jnp.float32)).astype(self.dtype)
     for history, scale, value in ((self.input_amax_history, self.input_scale, x),
@@ -214,42 +209,3 @@ class Fp8Linear(nnx.Module):
       history[...] = new_history
       scale[...] = fp8.scale_from_history(new_history, scale[...], margin=self.margin)
     return y.reshape(*inputs.shape[:-1], self.out_features)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
-  """x @ kernel + bias with e4m3 operands quantized by the given scales."""
-  del backward  # the backward rule's choice
-  x8 = fp8.quantize(x, x_scale)
-  w8 = fp8.quantize(kernel.T, kernel_scale)  # (out, in): K-major, as the kernel reads it
-  return scaled_matmul(x8, w8, 1.0 / x_scale, 1.0 / kernel_scale, bias=bias,
-                       out_dtype=out_dtype, implementation=implementation)
-
-
-def _fp8_dense_fwd(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
-  y = _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale)
-  return y, (x, kernel, bias is not None, x_scale, kernel_scale)
-
-
-def _fp8_dense_bwd(out_dtype, implementation, backward, saved, g):
-  x, kernel, has_bias, x_scale, kernel_scale = saved
-  g = g.astype(x.dtype)
-  dbias = jnp.sum(g, axis=0, dtype=jnp.float32) if has_bias else None
-  if backward == "e5m2":
-    g_scale = fp8.current_scale(g, jnp.float8_e5m2)
-    e5m2 = functools.partial(fp8.quantize, scale=g_scale, dtype=jnp.float8_e5m2)
-    # dx (M, K) = g (M, N) . kernel (K, N)^T: the kernel (in, out) is already (N_out=K, contracted).
-    dx = scaled_matmul(e5m2(g), fp8.quantize(kernel, kernel_scale), 1.0 / g_scale,
-                       1.0 / kernel_scale, out_dtype=x.dtype, implementation=implementation)
-    # dkernel (K, N) = x^T (K, M) . g (M, N): both operands transposed while quantized.
-    dkernel = scaled_matmul(fp8.quantize(x.T, x_scale), e5m2(g.T), 1.0 / x_scale, 1.0 / g_scale,
-                            out_dtype=jnp.float32, implementation=implementation)
-  else:
-    dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
-    dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
-                              implementation=implementation)
-  return (dx, dkernel.astype(kernel.dtype), dbias, jnp.zeros_like(x_scale),
-          jnp.zeros_like(kernel_scale))
-
-
-_fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)

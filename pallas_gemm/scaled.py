@@ -29,10 +29,14 @@ the per-row maxima of its tile, and XLA takes the max of that small array
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import autodiff
+from pallas_gemm import fp8
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.matmul import (IMPLEMENTATIONS, _epilogue_spec, _kernel_matmul, _problem,
                                 _xla_matmul)
@@ -67,8 +71,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
   Returns:
     (..., M, N) array of `out_dtype`, or (that, amax) with `return_amax`.
 
-  Inference only: not differentiable, no vmap or sharding rules (use
-  `pallas_gemm.flax.Fp8Linear` to train with fp8).
+  Not differentiable (its operands are already fp8), no vmap or sharding
+  rules: to train, use `fp8_linear` (quantizes inside, `custom_vjp`) or
+  `pallas_gemm.flax.Fp8Linear`.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, "
@@ -135,3 +140,78 @@ def _scale(name, value, extent, dim):
     return x.astype(jnp.float32)
   allowed = "() or (1,)" + (f" (per tensor) or ({dim},) = ({extent},)" if dim else "")
   raise ValueError(f"{name} must have shape {allowed}, got {x.shape}")
+
+
+BACKWARDS = ("bf16", "e5m2")
+"""`fp8_linear(backward=...)`: the operands of the backward GEMMs."""
+
+
+def fp8_linear(x, kernel, bias, x_scale, kernel_scale, *, out_dtype=jnp.bfloat16,
+               backward: str = "bf16", implementation: str | None = None):
+  """`x @ kernel + bias` with x and kernel quantized to e4m3 by the given scales; differentiable.
+
+  Args:
+    x: (M, K) input in a floating dtype (the backward's "bf16" GEMMs run in it).
+    kernel: (K, N) weights (stored (in, out), as Flax stores them).
+    bias: (N,) f32, or None.
+    x_scale, kernel_scale: f32 quantization scales (`fp8.quantize`: x8 = x * scale,
+      saturated); the kernel gets their inverses as dequantization scales.
+    out_dtype: the result's dtype.
+    backward: "bf16": dx = g @ kernel^T and dkernel = x^T @ g as `matmul`s in
+      x's dtype, straight through the quantization; "e5m2": g quantized to
+      e5m2 with its own current scale (`fp8.current_scale`), both GEMMs as
+      `scaled_matmul` on fp8 operands (g e5m2 against the e4m3 kernel and x,
+      quantized with the forward's scales; x^T and g^T are transposed in the
+      quantizing XLA pass). The scales get zero cotangents.
+    implementation: as `scaled_matmul`.
+
+  >>> import jax, jax.numpy as jnp
+  >>> x, w = jnp.ones((4, 32), jnp.bfloat16), jnp.ones((32, 8), jnp.bfloat16)
+  >>> one = jnp.float32(1)
+  >>> dx = jax.grad(lambda x: fp8_linear(x, w, None, one, one, backward="e5m2",
+  ...                                    implementation="xla").astype(jnp.float32).sum())(x)
+  >>> float(dx[0, 0])
+  8.0
+  """
+  if backward not in BACKWARDS:
+    raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+  return _fp8_dense(jnp.dtype(out_dtype).name, implementation, backward, x, kernel, bias,
+                    jnp.asarray(x_scale, jnp.float32), jnp.asarray(kernel_scale, jnp.float32))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
+  del backward  # the backward rule's choice
+  x8 = fp8.quantize(x, x_scale)
+  w8 = fp8.quantize(kernel.T, kernel_scale)  # (out, in): K-major, as the kernel reads it
+  return scaled_matmul(x8, w8, 1.0 / x_scale, 1.0 / kernel_scale, bias=bias,
+                       out_dtype=out_dtype, implementation=implementation)
+
+
+def _fp8_dense_fwd(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
+  y = _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale)
+  return y, (x, kernel, bias is not None, x_scale, kernel_scale)
+
+
+def _fp8_dense_bwd(out_dtype, implementation, backward, saved, g):
+  x, kernel, has_bias, x_scale, kernel_scale = saved
+  g = g.astype(x.dtype)
+  dbias = jnp.sum(g, axis=0, dtype=jnp.float32) if has_bias else None
+  if backward == "e5m2":
+    g_scale = fp8.current_scale(g, jnp.float8_e5m2)
+    e5m2 = functools.partial(fp8.quantize, scale=g_scale, dtype=jnp.float8_e5m2)
+    # dx (M, K) = g (M, N) . kernel (K, N)^T: the kernel (in, out) is already (N_out=K, contracted).
+    dx = scaled_matmul(e5m2(g), fp8.quantize(kernel, kernel_scale), 1.0 / g_scale,
+                       1.0 / kernel_scale, out_dtype=x.dtype, implementation=implementation)
+    # dkernel (K, N) = x^T (K, M) . g (M, N): both operands transposed while quantized.
+    dkernel = scaled_matmul(fp8.quantize(x.T, x_scale), e5m2(g.T), 1.0 / x_scale, 1.0 / g_scale,
+                            out_dtype=jnp.float32, implementation=implementation)
+  else:
+    dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
+    dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
+                              implementation=implementation)
+  return (dx, dkernel.astype(kernel.dtype), dbias, jnp.zeros_like(x_scale),
+          jnp.zeros_like(kernel_scale))
+
+
+_fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)
