@@ -223,18 +223,14 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
         row0, col0 = mi * tm + wg * wm, ni * tn
       else:
         row0, col0 = mi * tm, ni * tn + wg * wn
-      if bias_smem is not None:
-        plgpu.copy_gmem_to_smem(
-            bias_gmem.at[pl.ds(col0, wn)], bias_smem.at[wg], bias_loaded.at[wg])
-      if row_bias_smem is not None:
-        plgpu.copy_gmem_to_smem(
-            row_bias_gmem.at[pl.ds(row0, wm)], row_bias_smem.at[wg], row_bias_loaded.at[wg])
-      if row_scale_smem is not None:
-        plgpu.copy_gmem_to_smem(
-            row_scale_gmem.at[pl.ds(row0, wm)], row_scale_smem.at[wg], row_scale_loaded.at[wg])
-      if col_scale_smem is not None:
-        plgpu.copy_gmem_to_smem(
-            col_scale_gmem.at[pl.ds(col0, wn)], col_scale_smem.at[wg], col_scale_loaded.at[wg])
+      # Per-column and per-row vectors of this warpgroup's tile, staged while the K loop runs.
+      for gmem, staged, loaded_at, start, extent in (
+          (bias_gmem, bias_smem, bias_loaded, col0, wn),
+          (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
+          (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
+          (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn)):
+        if staged is not None:
+          plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
       # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
       scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
 
