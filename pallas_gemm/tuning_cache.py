@@ -296,12 +296,16 @@ class TuningCache:
 _caches: dict[str, TuningCache] = {}
 
 
-def default_cache() -> TuningCache:
-  """The cache at `cache_path()` (one object per path, so it is read once)."""
-  path = cache_path()
+def _cache_at(path: str) -> TuningCache:
+  """The one `TuningCache` object of `path` (so each file is parsed once per change)."""
   if path not in _caches:
     _caches[path] = TuningCache(path)
   return _caches[path]
+
+
+def default_cache() -> TuningCache:
+  """The cache at `cache_path()` (one object per path, so it is read once)."""
+  return _cache_at(cache_path())
 
 
 PACKAGED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_configs.json")
@@ -328,10 +332,8 @@ def packaged_config(problem: GemmProblem, activation: str | None = None,
   True
   """
   device_kind = device_kind or jax.devices()[0].device_kind
-  if path not in _caches:
-    _caches[path] = TuningCache(path)
   best = None
-  for record in _caches[path].records().values():
+  for record in _cache_at(path).records().values():
     key = record.key
     tuned_m = key.problem.m
     if (key.device_kind != device_kind or key.activation != activation

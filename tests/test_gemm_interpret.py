@@ -239,14 +239,18 @@ def test_k_major_dtypes(case):
   assert err <= bound, f"relative error {err:.2e} > {bound}"
 
 
+def _extras_operands(rng, m=200, n=264, k=128):
+  """a, b (bf16), bias (N,) and row_bias (M,) f32, residual (M, N) bf16: the epilogue extras."""
+  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
+  bias, row_bias = _random(rng, (n,), jnp.float32), _random(rng, (m,), jnp.float32)
+  return a, b, bias, row_bias, _random(rng, (m, n), "bfloat16")
+
+
 def test_epilogue_extras_combined():
   """act(alpha*ab + beta*c + bias + row_bias) + residual, clamped: all fused, vs float64."""
   rng = np.random.default_rng(8)
-  m, n, k = 200, 264, 128
-  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
-  bias, row_bias = _random(rng, (n,), jnp.float32), _random(rng, (m,), jnp.float32)
-  c = _random(rng, (m, n), "float32")
-  residual = _random(rng, (m, n), "bfloat16")
+  a, b, bias, row_bias, residual = _extras_operands(rng)
+  c = _random(rng, (200, 264), "float32")
   out = matmul(a, b, bias=bias, row_bias=row_bias, residual=residual, c=c, alpha=0.5,
                beta=-1.5, activation="gelu_tanh", clamp=(-1.0, 2.5), out_dtype="float32",
                implementation="interpret")
@@ -275,11 +279,7 @@ def test_odd_epilogue_chunk_count_has_no_race():
 
 def test_return_pre():
   """y and the affine part `pre` from one epilogue (what training saves), vs float64."""
-  rng = np.random.default_rng(10)
-  m, n, k = 200, 264, 128
-  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
-  bias, row_bias = _random(rng, (n,), jnp.float32), _random(rng, (m,), jnp.float32)
-  residual = _random(rng, (m, n), "bfloat16")
+  a, b, bias, row_bias, residual = _extras_operands(np.random.default_rng(10))
   y, pre = kernel_matmul(a, b, bias=bias, row_bias=row_bias, residual=residual,
                          activation="silu", clamp=(-1.0, 3.0), return_pre=True,
                          implementation="interpret")
