@@ -90,6 +90,26 @@ def checks() -> list[Check]:
                              config=None if cfg is None else (
                                  dataclasses.replace(cfg, wg_split="n")
                                  if cfg.schedule == "cooperative" else cfg))))
+  # Stream-K (the last wave split over all SMs at K-step granularity, reduced in the kernel):
+  # one contributor per tile, two (fewer tiles than SMs), single-step ranges and idle SMs.
+  sk = GemmConfig(stream_k=True)
+  sk21, sk_n = dataclasses.replace(sk, cluster=(2, 1)), dataclasses.replace(sk, wg_split="n")
+  checks += [
+      Check("NN streamk cluster21 4096x8192x4096", (4096, 4096), (4096, 8192), dict(config=sk21)),
+      Check("NN streamk cluster21 2048x2048x2048", (2048, 2048), (2048, 2048), dict(config=sk21)),
+      Check("NN streamk 2048x2048x128 one-step ranges", (2048, 128), (128, 2048), dict(config=sk)),
+      Check("NN streamk bias+gelu 1000x1016x1000", (1000, 1000), (1000, 1016),
+            dict(bias=True, activation="gelu_tanh", config=sk)),
+      Check("TT streamk batch3 300x264x200", (3, 200, 300), (3, 264, 200),
+            dict(transpose_a=True, transpose_b=True, config=sk_n)),
+      Check("NT streamk f32 out c+rowbias+residual 1000x1016x1000", (1000, 1000), (1016, 1000),
+            dict(transpose_b=True, out_dtype="float32", beta=0.5, row_bias=True,
+                 residual="bfloat16", config=dataclasses.replace(sk, stages=2, epilogue_tile=(64, 32))),
+            c_shape=(1000, 1016)),
+      Check("NT streamk return_pre bias+gelu 1000x1016x520", (1000, 520), (1016, 520),
+            dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True, config=sk)),
+      Check("NN streamk cluster21 8192x8192x8192", (8192, 8192), (8192, 8192), dict(config=sk21)),
+  ]
   # Tiny and degenerate shapes (every operand padded), batched and broadcast operands.
   checks += [
       Check("NN 200x136x72", (200, 72), (72, 136)),
@@ -417,6 +437,8 @@ EXPERIMENTS = {
     "exp-n192-s5": (GemmConfig(cluster=(2, 1), tile_n=192, stages=5, epilogue_tile=(64, 32)), {}),
     "exp-n128-s6": (GemmConfig(cluster=(2, 1), tile_n=128, stages=6), {}),
     "exp-epi64x32": (GemmConfig(cluster=(2, 1), epilogue_tile=(64, 32)), {}),
+    # All three shapes run 15.5, 7.8 or 3.9 waves of 128x256 tiles on 132 SMs (NOTES exp. 31).
+    "exp-streamk": (GemmConfig(cluster=(2, 1), stream_k=True), {}),
 }
 """Performance experiments of NOTES.md (issue 4), timed next to the default, XLA and jax."""
 

@@ -79,3 +79,13 @@ def device_sm_count() -> int | None:
 # Mixed e4m3 x e5m2 WGMMA operands: the verifier accepts them from jaxlib 0.11
 # (jax-ml/jax#38859); 0.10.2 requires equal operand dtypes.
 SUPPORTS_MIXED_FP8 = JAX_VERSION >= (0, 11, 0)
+
+
+def load_registers(ref, layout):
+  """`ref` (SMEM or GMEM) read into registers in `layout`, element by element.
+
+  0.11 deprecated the separate (empty) index argument that 0.10.2 requires.
+  """
+  if JAX_VERSION >= (0, 11, 0):
+    return plgpu.load(ref, layout=layout, optimized=False)
+  return plgpu.load(ref, (), layout=layout, optimized=False)

@@ -103,6 +103,9 @@ class GemmConfig:
     split_k: K is cut into this many slices (at most; see `k_splits`), each a
       separate work unit writing f32 partial sums that XLA adds and passes
       through the epilogue (`pallas_gemm.split_k`). 1: no split.
+    stream_k: spread the partial last wave of tiles over every SM at K-step
+      granularity, reduced inside the kernel (`pallas_gemm.stream_k`);
+      cooperative, split_k=1, and not in GPU interpret mode (no GMEM semaphores).
   """
 
   tile_m: int = 128
@@ -117,6 +120,7 @@ class GemmConfig:
   epilogue_tile: tuple[int, int] | None = (64, 64)
   num_sms: int | None = None
   split_k: int = 1
+  stream_k: bool = False
 
   # -- derived shapes -------------------------------------------------------
   @property
@@ -222,6 +226,8 @@ class GemmConfig:
     if self.split_k > steps:
       fail("split_k", f"exceeds the {steps} tile_k={self.tile_k} steps of K={problem.k} "
                       "(a slice needs at least one)")
+    if self.stream_k and (self.schedule != "cooperative" or self.split_k != 1):
+      fail("stream_k", "needs schedule='cooperative' and split_k=1")
     _validate_dtypes(problem)
     problem = self.kernel_problem(problem)
 

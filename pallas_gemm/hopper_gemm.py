@@ -38,6 +38,7 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import raster
 from pallas_gemm import smem
+from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm.config import GemmConfig, GemmProblem, tiles
 
 DEFAULT_NUM_SMS = 132
@@ -69,6 +70,8 @@ class _Plan:
   """Output columns that count in amax (the rest are padding)."""
   return_pre: bool = False
   """Write the affine part (pre-activation) to a second output as well."""
+  workers: int = 1
+  """Persistent CTAs (clusters) of the grid."""
 
   @property
   def splits(self) -> int:
@@ -98,6 +101,19 @@ class _Plan:
     mc, nc = self.cluster_tiles
     return self.splits * self.problem.batch * mc * nc
 
+  @property
+  def stream_k(self) -> stream_k_lib.Schedule | None:
+    """The stream-K schedule, or None: every tile whole, round-robin over the workers."""
+    if not self.config.stream_k:
+      return None
+    schedule = stream_k_lib.Schedule.plan(self.num_tiles, self.workers, self.k_iters)
+    return schedule if schedule.enabled else None
+
+  @property
+  def partial_slots(self) -> int:
+    """Stream-K workspace slots: one f32 warpgroup tile per CTA and consumer."""
+    return self.workers * self.config.cluster_size * 2
+
 
 def _at(ref, batch_idx, rows, cols):
   """`ref[batch_idx, rows, cols]` for a 3-D ref, `ref[rows, cols]` for 2-D."""
@@ -125,9 +141,15 @@ def _tile_position(p: _Plan, tile_index):
 
 
 def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, scalars_gmem,
-            row_scale_gmem, col_scale_gmem, out_gmem, *extra_outs, p: _Plan):
-  pre_gmem = extra_outs[0] if p.return_pre else None
-  amax_gmem = extra_outs[-1] if p.problem.amax else None
+            row_scale_gmem, col_scale_gmem, out_gmem, *extra_refs, p: _Plan):
+  extra_refs = iter(extra_refs)
+  pre_gmem = next(extra_refs) if p.return_pre else None
+  amax_gmem = next(extra_refs) if p.problem.amax else None
+  sk = p.stream_k
+  partials_gmem = next(extra_refs) if sk else None
+  # One semaphore per workspace slot, shared by all CTAs (scratch semaphores would be
+  # per CTA); Pallas zeroes it before every launch, and every signal is waited for.
+  semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((p.partial_slots,))) if sk else None
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
@@ -153,27 +175,57 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
              row_scale_loaded, col_scale_smem, col_scale_loaded, amax_smem):
     wg = lax.axis_index("wg")
 
-    def slot(local_tile, k):
-      """SMEM ring slot of the k-th stage of this CTA's local_tile-th tile."""
-      return lax.rem(local_tile * p.k_iters + k, stages)
+    def for_each_unit(visit):
+      """Calls visit(step0, tile_index, kb, ke) for this CTA's work, in order.
+
+      A unit is K steps [kb, ke) of one output tile; step0 counts the ring
+      steps before it (the ring runs on across units: slot = step % stages).
+      kb and ke are Python ints for whole tiles. Returns the total step count.
+      """
+      sm, kt = lax.axis_index("sm"), p.k_iters
+      if sk is None:
+        @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
+        def _(info):
+          visit(info.local_index * kt, info.index[0], 0, kt)
+
+        return lax.div(p.num_tiles - sm + p.workers - 1, p.workers) * kt
+      start, length = sk.range_of(sm)
+      first = lax.div(start, kt)
+      end = jnp.where(length > 0, lax.div(start + length + kt - 1, kt), first)
+
+      @pl.loop(first, end)
+      def _(tile_index):
+        kb = jnp.maximum(start - tile_index * kt, 0)
+        ke = jnp.minimum(start + length - tile_index * kt, kt)
+        visit(tile_index * kt + kb - start, tile_index, kb, ke)
+
+      @pl.loop(0, sk.dp_tiles_per_worker)
+      def _(i):
+        visit(length + i * kt, sk.sk_tiles + sm + i * p.workers, 0, kt)
+
+      return length + sk.dp_tiles_per_worker * kt
+
+    def partial_slot(worker):
+      """This CTA's and warpgroup's stream-K workspace slot (and semaphore) of `worker`."""
+      cta = lax.axis_index("cluster") if cfg.cluster_size > 1 else 0
+      return (worker * cfg.cluster_size + cta) * 2 + wg
 
     def producer():
       plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
-      @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
-      def _(info):
-        (tile_index,) = info.index
+      def load_unit(step0, tile_index, kb, ke):
         out_batch, mi, ni = _tile_position(p, tile_index)
         # K slice and operand batch of this tile (slice 0 and out_batch without split-K).
         k_slice, batch_idx = out_batch, 0
         if prob.batch > 1:
           k_slice, batch_idx = lax.div(out_batch, prob.batch), lax.rem(out_batch, prob.batch)
 
-        @pl.loop(0, p.k_iters)
+        @pl.loop(kb, ke)
         def _(k):
-          buf = slot(info.local_index, k)
+          step = step0 + k - kb
+          buf = lax.rem(step, stages)
 
-          @pl.when(info.local_index * p.k_iters + k >= stages)
+          @pl.when(step >= stages)
           def _():
             plgpu.barrier_wait(consumed.at[buf])
 
@@ -191,11 +243,10 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
               _at(b_gmem, batch_idx, rows_b, cols_b), b_smem.at[buf],
               loaded.at[buf], collective_axes=b_collective)
 
+      steps = for_each_unit(load_unit)
+
       # Wait for the last stages to be released, so that no peer CTA arrives
       # on (or multicasts into) this CTA's SMEM after it has exited.
-      sm, grid = lax.axis_index("sm"), lax.axis_size("sm")
-      steps = lax.div(p.num_tiles - sm + grid - 1, grid) * p.k_iters
-
       @pl.loop(jnp.maximum(steps - stages, 0), steps)
       def _(step):
         plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
@@ -216,42 +267,78 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
         b_tile = _compat.transpose_2d(b_tile)
       return a_tile, b_tile
 
-    def compute_tile(local_tile, batch_idx, mi, ni):
+    def compute_unit(step0, tile_index, kb, ke):
+      """K steps [kb, ke) of one tile; then its epilogue, or its stream-K partial."""
+      batch_idx, mi, ni = _tile_position(p, tile_index)
+      whole = isinstance(kb, int)  # static: the whole tile, no stream-K fixup
       if pingpong:
         row0, col0 = mi * tm, ni * tn
       elif cfg.wg_split == "m":
         row0, col0 = mi * tm + wg * wm, ni * tn
       else:
         row0, col0 = mi * tm, ni * tn + wg * wn
-      # Per-column and per-row vectors of this warpgroup's tile, staged while the K loop runs.
-      for gmem, staged, loaded_at, start, extent in (
-          (bias_gmem, bias_smem, bias_loaded, col0, wn),
-          (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
-          (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
-          (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn)):
-        if staged is not None:
-          plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
+
+      def stage_vectors():
+        """Per-column and per-row vectors of this warpgroup's tile, loaded during the K loop."""
+        for gmem, staged, loaded_at, start, extent in (
+            (bias_gmem, bias_smem, bias_loaded, col0, wn),
+            (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
+            (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
+            (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn)):
+          if staged is not None:
+            plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
+
+      # Only units that run the epilogue stage them (each load is waited for once).
+      if whole:
+        stage_vectors()
+      else:
+        pl.when(kb == 0)(stage_vectors)
       # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
       scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
-        @pl.loop(0, p.k_iters)
+        @pl.loop(kb, ke)
         def _(k):
-          buf = slot(local_tile, k)
+          step = step0 + k - kb
+          buf = lax.rem(step, stages)
           plgpu.barrier_wait(loaded.at[buf])
           plgpu.wgmma(acc, *operands(buf))
           plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
 
-          @pl.when(k > 0)
+          @pl.when(k > kb)
           def _():
-            plgpu.barrier_arrive(consumed.at[slot(local_tile, k - 1)])
+            plgpu.barrier_arrive(consumed.at[lax.rem(step - 1, stages)])
 
         result = acc[...]
-        plgpu.barrier_arrive(consumed.at[slot(local_tile, p.k_iters - 1)])
-        _epilogue(result, batch_idx, row0, col0, scalars)
+        plgpu.barrier_arrive(consumed.at[lax.rem(step0 + ke - kb - 1, stages)])
+        if whole:
+          _epilogue(result, batch_idx, row0, col0, scalars)
+          return
+        pl.when(kb > 0)(lambda: contribute(result))
+        pl.when(kb == 0)(lambda: finish(result, tile_index, batch_idx, row0, col0, scalars))
 
-    def skim(local_tile):
+    def contribute(result):
+      """Stream-K: store this warpgroup's partial sums, then signal the tile's finisher."""
+      me = partial_slot(lax.axis_index("sm"))
+      partials_gmem.at[me][...] = result
+      # The signal is a warpgroup barrier, then one lane's `red.release.sys`: its
+      # release covers the whole warpgroup's stores (cumulativity through the barrier).
+      pl.semaphore_signal(semaphores.at[me])
+
+    def finish(result, tile_index, batch_idx, row0, col0, scalars):
+      """Stream-K: wait for the tile's contributors, then the epilogue adds their partials."""
+      sm, kt = lax.axis_index("sm"), p.k_iters
+      contributors = sk.owner(tile_index * kt + kt - 1) - sm
+      partials = []
+      for c in range(sk.max_contributors):
+        worker = jnp.minimum(sm + 1 + c, p.workers - 1)
+        valid = c < contributors
+        pl.when(valid)(lambda: pl.semaphore_wait(semaphores.at[partial_slot(worker)], 1))
+        partials.append((partials_gmem.at[partial_slot(worker)], valid))
+      _epilogue(result, batch_idx, row0, col0, scalars, partials)
+
+    def skim(step0):
       """Pingpong: pass over the other warpgroup's stages (wait, release).
 
       Every consumer waits on every phase of every `loaded` barrier, which keeps
@@ -261,27 +348,30 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
       """
       @pl.loop(0, p.k_iters)
       def _(k):
-        buf = slot(local_tile, k)
+        buf = lax.rem(step0 + k, stages)
         plgpu.barrier_wait(loaded.at[buf])
         plgpu.barrier_arrive(consumed.at[buf])
 
     def consumer():
       plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
 
+      if not pingpong:
+        for_each_unit(compute_unit)
+        plgpu.wait_smem_to_gmem(0)
+        return
+
       @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
       def _(info):
-        (tile_index,) = info.index
-        batch_idx, mi, ni = _tile_position(p, tile_index)
-        if not pingpong:
-          compute_tile(info.local_index, batch_idx, mi, ni)
-          return
+        step0 = info.local_index * p.k_iters
         mine = lax.rem(info.local_index, 2) == wg
-        pl.when(mine)(lambda: compute_tile(info.local_index, batch_idx, mi, ni))
-        pl.when(jnp.logical_not(mine))(lambda: skim(info.local_index))
+        pl.when(mine)(lambda: compute_unit(step0, info.index[0], 0, p.k_iters))
+        pl.when(jnp.logical_not(mine))(lambda: skim(step0))
 
       plgpu.wait_smem_to_gmem(0)
 
-    def _epilogue(result, batch_idx, row0, col0, scalars):
+    def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
+      """Epilogue of one warpgroup tile, chunk by chunk; `partials`: stream-K
+      contributors' (f32 GMEM tile, valid) pairs, added to each chunk first."""
       if bias_smem is not None:
         plgpu.barrier_wait(bias_loaded.at[wg])
       if row_bias_smem is not None:
@@ -333,8 +423,14 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
           if col_scale_smem is not None:
             scales.append(lax.broadcast_in_dim(
                 col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
+          acc_chunk = result[i * em:(i + 1) * em, j * en:(j + 1) * en]
+          for partial, valid in partials:
+            part = _compat.load_registers(
+                partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA)
+            acc_chunk += jnp.where(lax.broadcast_in_dim(valid, (em, en), ()), part,
+                                   jnp.zeros_like(part))
           y = epilogue_lib.affine(
-              p.epilogue, result[i * em:(i + 1) * em, j * en:(j + 1) * en],
+              p.epilogue, acc_chunk,
               c=c_tile, bias=bias_tile, row_bias=row_bias_tile, scales=tuple(scales))
           if pre_gmem is not None:
             buf[...] = y.astype(out_dtype)
@@ -467,6 +563,9 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
     >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
   """
   config.validate(problem)
+  if config.stream_k and interpret is not None:
+    raise ValueError("GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
+                     "semaphores of the stream-K reduction; use stream_k=False")
   if config.k_splits(problem)[0] > 1 and (
       config.kernel_problem(problem) != problem or epilogue != epilogue_lib.EpilogueSpec()):
     raise ValueError(f"GemmConfig.split_k={config.split_k}: a split-K launch writes f32 partial "
@@ -490,7 +589,8 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
   num_sms -= num_sms % config.cluster_size
   plan = _Plan(problem, config, epilogue, *ab_transforms,
                smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms,
-               valid_n=problem.n if valid_n is None else valid_n, return_pre=return_pre)
+               valid_n=problem.n if valid_n is None else valid_n, return_pre=return_pre,
+               workers=num_sms // config.cluster_size)
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:
     lead = (plan.splits * problem.batch,)
@@ -504,6 +604,9 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
     out_type += (jax.ShapeDtypeStruct(amax_shape, jnp.float32),)
     # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
     extra_params["reduction_scratch_bytes"] = 0
+  outputs = len(out_type)
+  if plan.stream_k:  # the contributors' f32 partial sums
+    out_type += (jax.ShapeDtypeStruct((plan.partial_slots, *config.wg_tile), jnp.float32),)
   cluster_kwargs = {}
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
@@ -520,4 +623,7 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
       interpret=interpret,
       **cluster_kwargs,
   )
-  return kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
+  results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
+  if len(out_type) == 1:
+    return results
+  return results[:outputs] if outputs > 1 else results[0]

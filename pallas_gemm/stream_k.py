@@ -1,0 +1,102 @@
+"""Stream-K: the partial last wave of output tiles, spread evenly over the K steps.
+
+A persistent grid of G workers (CTAs, or 2-CTA clusters) running T output tiles
+of `k_iters` K steps each idles in its last wave unless G divides T: at 8192^3
+with 128x256 tiles, 2048 tiles on 132 SMs are 15.5 waves run in 16. Here the
+first `sk_tiles` tiles (in raster order) are cut at K-step granularity into G
+contiguous ranges of equal length, one per worker, and the other tiles (a
+multiple of G) stay whole, data-parallel, after them.
+
+A worker's range may start inside a tile and end inside a later one. The worker
+that runs a tile's first K step owns the tile ("finisher"); every other worker
+on that tile ("contributor") covers its end part, which is the *first* segment
+of that worker's range. So a worker contributes to at most one tile, storing
+its f32 partial in its own workspace slot and signalling its own semaphore, and
+it does so before anything else: a finisher only ever waits on work that never
+waits, and with every worker resident (a persistent grid) nothing deadlocks.
+
+>>> s = Schedule.plan(tiles=10, workers=4, k_iters=8)
+>>> s.sk_tiles, [s.range_of(w) for w in range(4)]    # 2 tiles over 4 workers...
+(6, [(0, 12), (12, 12), (24, 12), (36, 12)])
+>>> s.dp_tiles_per_worker                              # ...then one whole tile each
+1
+>>> s.owner(8 * 1), s.max_contributors                 # tile 1 starts in worker 0's range
+(0, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Which K steps of which tiles each of `workers` workers runs (all static ints)."""
+
+  tiles: int
+  workers: int
+  k_iters: int
+  sk_tiles: int
+  """The first `sk_tiles` tiles are split over all workers; the rest are whole."""
+
+  @classmethod
+  def plan(cls, tiles: int, workers: int, k_iters: int) -> "Schedule":
+    """The remainder wave plus one full wave (when there is one) go stream-K.
+
+    Splitting one full wave more than the remainder keeps each worker's range
+    at least one tile long, so that a tile has at most a couple of contributors.
+    """
+    waves, rest = divmod(tiles, workers)
+    sk = 0 if rest == 0 else rest + workers * min(waves, 1)
+    return cls(tiles, workers, k_iters, sk)
+
+  @property
+  def enabled(self) -> bool:
+    return self.sk_tiles > 0
+
+  @property
+  def sk_steps(self) -> int:
+    return self.sk_tiles * self.k_iters
+
+  @property
+  def dp_tiles_per_worker(self) -> int:
+    return (self.tiles - self.sk_tiles) // self.workers
+
+  def range_of(self, worker):
+    """(first step, number of steps) of `worker`'s stream-K range; ints or traced."""
+    q, r = divmod(self.sk_steps, self.workers)
+    if isinstance(worker, int):
+      return worker * q + min(worker, r), q + int(worker < r)
+    return worker * q + jnp.minimum(worker, r), q + (worker < r).astype(jnp.int32)
+
+  def owner(self, step):
+    """The worker whose range holds stream-K step `step`; ints or traced."""
+    q, r = divmod(self.sk_steps, self.workers)
+    head = r * (q + 1)  # the first r workers run q + 1 steps
+    if q == 0:  # one step each for the first r workers, none for the rest
+      return step
+    if isinstance(step, int):
+      return step // (q + 1) if step < head else r + (step - head) // q
+    return jnp.where(step < head, lax.div(step, q + 1),
+                     r + lax.div(jnp.maximum(step - head, 0), q))
+
+  @property
+  def max_contributors(self) -> int:
+    """Most workers other than its finisher that one stream-K tile has."""
+    if not self.enabled:
+      return 0
+    return max(int(self.owner((t + 1) * self.k_iters - 1)) - int(self.owner(t * self.k_iters))
+               for t in range(self.sk_tiles))
+
+  def segments(self, worker: int) -> list[tuple[int, int, int]]:
+    """(tile, first k, end k) of every stream-K segment of `worker`, in order (ints)."""
+    start, length = (int(x) for x in self.range_of(worker))
+    out = []
+    for tile in range(start // self.k_iters, -(-(start + length) // self.k_iters)):
+      kb = max(start - tile * self.k_iters, 0)
+      ke = min(start + length - tile * self.k_iters, self.k_iters)
+      out.append((tile, kb, ke))
+    return out
