@@ -173,7 +173,7 @@ def _bwd(call, saved, g):
   return (
       wanted.a and _grad_a(call, d_acc, b, wanted.a),
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
-      wanted.bias and _cast(jnp.sum(d_acc, axis=(*rows, -2), dtype=jnp.float32), wanted.bias),
+      wanted.bias and _cast(_column_sums(call, d_acc), wanted.bias),
       wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
       wanted.row_bias and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32),
                                 wanted.row_bias),
@@ -219,6 +219,26 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
   else:
     out = _sum_leading(sharding.gemm(linear.product(), x, y), grad)
   return _cast(out, grad)
+
+
+def _column_sums(call, x):
+  """f32 sums of `x` over every axis but the last, as a (1, R) @ (R, N) GEMM.
+
+  XLA runs this column reduction at ~1 TB/s (134 us for 8192x8192 bf16 on the
+  H100, NOTES exp. 32); a GEMV with a row of ones streams x at HBM speed. Under
+  an Explicit mesh the sum stays an XLA reduction (the ones row has no sharding).
+
+  >>> x = jnp.arange(6, dtype=jnp.bfloat16).reshape(3, 2)
+  >>> _column_sums(GemmCall(out_dtype="bfloat16", implementation="xla"), x).tolist()
+  [6.0, 9.0]
+  """
+  rows = x.reshape(-1, x.shape[-1])
+  if sharding.explicit_mesh(x) is not None:
+    return jnp.sum(rows, axis=0, dtype=jnp.float32)
+  ones = jnp.ones((1, rows.shape[0]), x.dtype)
+  linear = GemmCall(out_dtype="float32", implementation=call.implementation,
+                    autotune=call.autotune)
+  return sharding.gemm(linear, ones, rows)[0]
 
 
 def _sum_leading(x, grad):

@@ -196,16 +196,17 @@ def test_f32_forward_output_keeps_the_backward_gemms_bf16(implementation):
   jaxpr = jax.make_jaxpr(grad)(args["a"], args["b"], args["bias"]).jaxpr
   if implementation == "xla":
     dots = [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name == "dot_general"]
-    assert len(dots) == 3
+    assert len(dots) == 4  # forward, dA, dB, and the bias gradient as a ones-row GEMV
     assert all(v.aval.dtype == jnp.bfloat16 for eqn in dots for v in eqn.invars)
     da, db, dbias = grad(args["a"], args["b"], args["bias"])
     assert (da.dtype, db.dtype, dbias.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
   else:
     kernels = [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name == "mpmd_map"]
-    assert len(kernels) == 3
-    # forward: f32 pre-activation; backward: bf16 gradients accumulated in f32 in the kernel
+    assert len(kernels) == 4
+    # forward: f32 pre-activation; backward: bf16 gradients accumulated in f32 in the
+    # kernel, and the f32 bias gradient (a ones-row GEMV)
     assert sorted(eqn.outvars[0].aval.dtype.name for eqn in kernels) == [
-        "bfloat16", "bfloat16", "float32"]
+        "bfloat16", "bfloat16", "float32", "float32"]
 
 
 # -- which kernels run ----------------------------------------------------------------
@@ -225,14 +226,15 @@ def _loss(fn):
 
 
 @pytest.mark.parametrize("shape", [(8192, 8192, 8192), (16384, 4096, 4096)])
-def test_benchmark_training_step_lowers_for_cuda_as_three_kernels(shape):
+def test_benchmark_training_step_lowers_for_cuda_as_four_kernels(shape):
+  """Forward, dX, dW, and the bias gradient's ones-row GEMV."""
   from benchmarks.train_step import layers, training_step  # noqa: PLC0415
 
   m, n, k = shape
   args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in [(m, k), (k, n), (n,), (m, n)]]
   step = training_step(layers("pallas")["pallas_gemm"])
   module = jax.export.export(step, platforms=["cuda"])(*args).mlir_module()
-  assert module.count("@mosaic_gpu_v2") == 3
+  assert module.count("@mosaic_gpu_v2") == 4
 
 
 def test_unrequested_gradients_are_not_computed():
