@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 
 import jax
@@ -61,6 +62,7 @@ from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import dpre
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
@@ -160,8 +162,11 @@ def _bwd(call, saved, g):
   a, b, pre, residual, wanted = saved
   if isinstance(g, SymbolicZero):
     return (None,) * 6
+  d_residual, bias_grad = g, None
   if pre is None:
-    d_affine = d_residual = g
+    d_affine = g
+  elif _fuses_dpre(call, pre, g, residual, wanted):
+    d_affine, bias_grad = _fused_dpre(call, pre, g)
   else:
     _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
     d_affine, d_residual = tail_vjp(g.astype(jnp.float32))
@@ -169,11 +174,13 @@ def _bwd(call, saved, g):
   # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
   # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
   d_acc = d_affine.astype(wanted.operand_dtype)
+  if wanted.bias and bias_grad is None:
+    bias_grad = _column_sums(call, d_acc)
   rows = tuple(range(d_acc.ndim - 2))
   return (
       wanted.a and _grad_a(call, d_acc, b, wanted.a),
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
-      wanted.bias and _cast(_column_sums(call, d_acc), wanted.bias),
+      wanted.bias and _cast(bias_grad, wanted.bias),
       wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
       wanted.row_bias and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32),
                                 wanted.row_bias),
@@ -219,6 +226,29 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
   else:
     out = _sum_leading(sharding.gemm(linear.product(), x, y), grad)
   return _cast(out, grad)
+
+
+def _fuses_dpre(call, pre, g, residual, wanted) -> bool:
+  """Whether dPre and the bias gradient come from one kernel pass (`pallas_gemm.dpre`):
+  kernel implementations, a bias to differentiate, an activation without a clamp,
+  16-bit pre and cotangent in the operand dtype, a shape TMA takes, no Explicit mesh."""
+  del residual  # only saved under a clamp
+  rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
+  return (call.implementation in ("pallas", "interpret") and wanted.bias is not None
+          and call.activation is not None and call.clamp is None
+          and pre.dtype == g.dtype == jnp.dtype(wanted.operand_dtype)
+          and dpre.supported(rows, pre.dtype) and sharding.explicit_mesh(pre, g) is None)
+
+
+def _fused_dpre(call, pre, g):
+  """(d_acc, bias gradient) from `dpre.dpre_and_column_sums` (NOTES exp. 34)."""
+  interpret = call.implementation == "interpret"
+  d_acc, sums = dpre.dpre_and_column_sums(
+      pre.reshape(-1, pre.shape[-1]), g.reshape(-1, g.shape[-1]),
+      epilogue_lib.ACTIVATION_SLOPES[call.activation],
+      num_sms=dpre.INTERPRET_SMS if interpret else None,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+  return d_acc.reshape(pre.shape), jnp.sum(sums, axis=0)
 
 
 def _column_sums(call, x):
