@@ -394,3 +394,46 @@ def test_interpret_gradients_match_float64_reference(layout, epilogue, batch_a):
                                      **epilogue)
   _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
                            implementation="interpret")
+
+
+# -- the fused dPre + bias-gradient pass (pallas_gemm.dpre) ---------------------------
+def _fused_problem(layout, rows, inner, cols, seed):
+  """A bias + GELU layer whose backward takes the fused pass (N a multiple of 128)."""
+  ta, tb = layout[0] == "T", layout[1] == "T"
+  rng = _rng("fused", layout, seed)
+  args = {"a": _normal(rng, (inner, rows) if ta else (rows, inner), jnp.bfloat16),
+          "b": _normal(rng, (cols, inner) if tb else (inner, cols), jnp.bfloat16),
+          "bias": _normal(rng, (cols,), jnp.float32),
+          "c": None, "row_bias": None, "residual": None}
+  static = dict(transpose_a=ta, transpose_b=tb, activation="gelu_tanh", alpha=1.0, beta=0.0,
+                clamp=None)
+  return args, _normal(rng, (rows, cols), jnp.float32), static
+
+
+def _runs_fused_pass(args, cotangent, static, **kw):
+  """Whether the backward launches `dpre` (its second output: per-64-row-tile column sums)."""
+  rows, cols = cotangent.shape
+  loss = lambda a, b, bias: jnp.sum(matmul(a, b, bias=bias, **static, **kw).astype(
+      jnp.float32) * cotangent)
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(args["a"], args["b"], args["bias"])
+  return any(len(eqn.outvars) == 2 and eqn.outvars[1].aval.shape == (-(-rows // 64), cols)
+             for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "mpmd_map")
+
+
+@needs_transposed_interpret
+def test_interpret_fused_backward_matches_float64_reference():
+  args, cotangent, static = _fused_problem("NN", 200, 72, 256, "interpret")
+  assert _runs_fused_pass(args, cotangent, static, implementation="interpret",
+                          config=INTERPRET_CONFIG)
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
+                           implementation="interpret", config=INTERPRET_CONFIG)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_gradients_match_float64_reference(layout):
+  """The real kernels, forward and backward (fused dPre pass included), at an odd shape."""
+  args, cotangent, static = _fused_problem(layout, 1000, 520, 1024, "gpu")
+  assert _runs_fused_pass(args, cotangent, static, implementation="pallas")
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
+                           implementation="pallas")
