@@ -165,7 +165,7 @@ def _bwd(call, saved, g):
   d_residual, bias_grad = g, None
   if pre is None:
     d_affine = g
-  elif _fuses_dpre(call, pre, g, residual, wanted):
+  elif _fuses_dpre(call, pre, g, wanted):
     d_affine, bias_grad = _fused_dpre(call, pre, g)
   else:
     _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
@@ -228,11 +228,11 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
   return _cast(out, grad)
 
 
-def _fuses_dpre(call, pre, g, residual, wanted) -> bool:
+def _fuses_dpre(call, pre, g, wanted) -> bool:
   """Whether dPre and the bias gradient come from one kernel pass (`pallas_gemm.dpre`):
-  kernel implementations, a bias to differentiate, an activation without a clamp,
-  16-bit pre and cotangent in the operand dtype, a shape TMA takes, no Explicit mesh."""
-  del residual  # only saved under a clamp
+  kernel implementations, a bias to differentiate, an activation without a clamp (so
+  no residual enters the derivative), 16-bit pre and cotangent in the operand dtype,
+  a shape TMA takes, no Explicit mesh."""
   rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
   return (call.implementation in ("pallas", "interpret") and wanted.bias is not None
           and call.activation is not None and call.clamp is None
