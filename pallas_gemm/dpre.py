@@ -63,7 +63,8 @@ class _Plan:
 
 def supported(shape, dtype) -> bool:
   """Whether `dpre_and_column_sums` takes (R, N) arrays of `dtype`: 16-bit, N a
-  multiple of BLOCK_N, R a multiple of 8 (TMA tiles the whole array)."""
+  multiple of BLOCK_N, R a multiple of 8 (TMA tiles the whole array) and at least
+  one row tile."""
   return (len(shape) == 2 and jnp.dtype(dtype).itemsize == 2 and shape[1] % BLOCK_N == 0
           and shape[0] % 8 == 0 and shape[0] >= BLOCK_M)
 
@@ -77,14 +78,14 @@ def _kernel(pre_gmem, g_gmem, d_gmem, sums_gmem, *, slope, p: _Plan):
     count = lax.div(p.units - sm + p.num_sms - 1, p.num_sms)  # this CTA's units
 
     def where(j):
-      """(rows, cols) of this CTA's j-th unit."""
-      row_tile, col_block = lax.div(sm + j * p.num_sms, p.col_blocks), lax.rem(
-          sm + j * p.num_sms, p.col_blocks)
-      return pl.ds(row_tile * BLOCK_M, BLOCK_M), pl.ds(col_block * BLOCK_N, BLOCK_N)
+      """(row tile, rows, cols) of this CTA's j-th unit."""
+      unit = sm + j * p.num_sms
+      row_tile, col_block = lax.div(unit, p.col_blocks), lax.rem(unit, p.col_blocks)
+      return row_tile, pl.ds(row_tile * BLOCK_M, BLOCK_M), pl.ds(col_block * BLOCK_N, BLOCK_N)
 
     def issue(j):
       slot = lax.rem(j, STAGES)
-      rows, cols = where(j)
+      _, rows, cols = where(j)
       plgpu.copy_gmem_to_smem(pre_gmem.at[rows, cols], pre_smem.at[slot], loaded.at[slot])
       plgpu.copy_gmem_to_smem(g_gmem.at[rows, cols], g_smem.at[slot], loaded.at[slot])
 
@@ -107,9 +108,8 @@ def _kernel(pre_gmem, g_gmem, d_gmem, sums_gmem, *, slope, p: _Plan):
       out_smem[out] = d.astype(dtype)
       sums_smem[out] = jnp.sum(d, axis=0)
       plgpu.commit_smem()
-      rows, cols = where(j)
+      row_tile, rows, cols = where(j)
       plgpu.copy_smem_to_gmem(out_smem.at[out], d_gmem.at[rows, cols], commit_group=False)
-      row_tile = lax.div(sm + j * p.num_sms, p.col_blocks)
       plgpu.copy_smem_to_gmem(sums_smem.at[out], sums_gmem.at[row_tile, cols])
 
     plgpu.wait_smem_to_gmem(0)
