@@ -1,11 +1,14 @@
 """Autotuning: enumerate the valid configs of a problem, time them, cache the winner.
 
-The search has two phases. Phase 1 times every candidate of `candidate_configs`
+The search has three phases. Phase 1 times every candidate of `candidate_configs`
 (tiles, stages, schedule, warpgroup split and cluster, pruned by
 `GemmConfig.validate` and by the problem's size); phase 2 times the raster
 order and group width of the fastest few (`raster_variants`), which only
-change the order tiles are visited in. The winner is stored in the tuning
-cache (`pallas_gemm.tuning_cache`), where `matmul` finds it.
+change the order tiles are visited in; phase 3 times the fastest few of both
+again, interleaved in rounds (A B C, A B C, ...) like the benchmark harness, so
+that clock and power drift between the phases' single timings cannot pick the
+winner. The winner is stored in the tuning cache (`pallas_gemm.tuning_cache`),
+where `matmul` finds it.
 
 The timer is a function `GemmConfig -> milliseconds`; on the GPU it is
 `CuptiTimer` (CUPTI, median of several runs), elsewhere any stand-in:
@@ -69,6 +72,8 @@ class SearchSpace:
       that fit in SMEM are tried (the persistent kernel runs one CTA per SM, so
       SMEM left unused by a shallower ring buys nothing).
     refine_top: how many of phase 1's fastest configs get raster variants.
+    confirm_top, confirm_rounds: phase 3 re-times this many of the fastest
+      configs in this many interleaved rounds; the lowest median wins.
   """
 
   tile_m: tuple[int, ...] = (64, 128, 256)
@@ -84,6 +89,8 @@ class SearchSpace:
   group: tuple[int, ...] = (4, 8, 16)
   deepest_stages: int = 2
   refine_top: int = 3
+  confirm_top: int = 4
+  confirm_rounds: int = 3
 
 
 # -- the problem --------------------------------------------------------------
@@ -313,7 +320,9 @@ class CuptiTimer:
     return float(jnp.nan_to_num(diff / jnp.maximum(scale, 1e-30), nan=jnp.inf))
 
   def __call__(self, config: GemmConfig) -> float:
-    fn = self._compiled.pop(config, None) or self._jitted(config)
+    fn = self._compiled.get(config)  # kept: the confirmation phase times a config again
+    if fn is None:
+      fn = self._compiled[config] = self._jitted(config)
     if isinstance(fn, Exception):
       raise fn
     _, times = self.measure(fn, iterations=self.iterations)(*self.operands)
@@ -343,6 +352,29 @@ def _fastest(configs, timer: Timer, progress: Progress | None, done: int, total:
 VERIFY_BOUNDS = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 5e-3}
 """Largest relative error (vs `matmul`'s XLA path) a tuned winner may show, by output dtype:
 a few roundings of the output dtype (fp8 outputs: 0.25)."""
+
+
+def _confirm(ranked, timer: Timer, rounds: int, progress: Progress | None, done: int,
+             total: int):
+  """[(median ms, config)] of `ranked`'s configs re-timed in `rounds` interleaved rounds
+  (each config once per round), fastest first; a config that fails drops out.
+
+  >>> times = {"a": iter([2.0, 2.1, 1.9]), "b": iter([1.5, 1.6, 1.4])}
+  >>> _confirm([(0.5, "a"), (1.0, "b")], lambda c: next(times[c]), 3, None, 0, 6)
+  [(1.5, 'b'), (2.0, 'a')]
+  """
+  samples = {config: [] for _, config in ranked}
+  for _ in range(rounds):
+    for config in list(samples):
+      trial = _fastest([config], timer, progress, done, total)[0]
+      done += 1
+      if trial:
+        samples[config].append(trial[0][0])
+      else:
+        del samples[config]
+  medians = [(statistics.median(times), i, config)
+             for i, (config, times) in enumerate(samples.items())]
+  return [(ms, config) for ms, _, config in sorted(medians)]
 
 
 def _first_correct(ranked, timer: Timer, problem: GemmProblem):
@@ -379,14 +411,14 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
     raise ValueError(f"no config of the search space is valid for {problem}")
   timer = timer or CuptiTimer(problem, activation)
   per_config = len(raster_variants(candidates[0], space))
-  estimate = len(candidates) + min(space.refine_top, len(candidates)) * per_config
+  refining = min(space.refine_top, len(candidates)) * per_config
+  estimate = len(candidates) + refining + space.confirm_top * space.confirm_rounds
   prepare = getattr(timer, "prepare", lambda configs: None)
   prepare(candidates)
   ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
   variants = [v for _, config in ranked[:space.refine_top] for v in raster_variants(config, space)]
   prepare(variants)
-  refined, more_failures = _fastest(variants, timer, progress, len(candidates),
-                                    len(candidates) + len(variants))
+  refined, more_failures = _fastest(variants, timer, progress, len(candidates), estimate)
   failures += more_failures
   if failures:
     config, error = failures[0]
@@ -394,7 +426,15 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
                   f"{problem} (first: {config}: {type(error).__name__}: {error})", stacklevel=2)
   if not ranked:
     raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
-  best_ms, best = _first_correct(sorted(ranked + refined, key=lambda pair: pair[0]), timer, problem)
+  best_of = {}  # config -> its fastest phase 1 or 2 time; a raster variant may repeat a config
+  for ms, config in sorted(ranked + refined, key=lambda pair: pair[0]):
+    best_of.setdefault(config, ms)
+  fastest = [(ms, config) for config, ms in best_of.items()]
+  top, rest = fastest[:space.confirm_top], fastest[space.confirm_top:]
+  done = len(candidates) + len(variants)
+  confirmed = _confirm(top, timer, space.confirm_rounds, progress, done,
+                       done + len(top) * space.confirm_rounds)
+  best_ms, best = _first_correct(confirmed + rest, timer, problem)
   cache = cache or tuning_cache.default_cache()
   cache.store(tuning_cache.TuningKey.current(problem, activation), best, best_ms)
   return best

@@ -332,7 +332,7 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
 
   | regime                        | CTA tile            | warpgroups     | stages       | cluster     | split_k |
   |-------------------------------|---------------------|----------------|--------------|-------------|---------|
-  | M <= 64 (decode)              | 64x128              | split N        | deepest <= 8 | 1x1         | model   |
+  | M <= 64 (decode)              | 64x128 or 64x256 (model) | split N   | deepest <= 8 | 1x1         | model   |
   | fewer output tiles than SMs   | 128x256 or 128x128 (model) | split M | 4 (fit)     | 2x1 if >= 2 tile rows | model |
   | otherwise (e.g. 8192^3)       | 128x256             | split M        | 4 (3 f32 out)| 2x1 if >= 2 tile rows | 1 |
 
@@ -348,6 +348,9 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
   >>> cfg = default_config(GemmProblem(m=16, n=1024, k=8192))      # decode: 8 tiles
   >>> (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.stages, cfg.split_k)
   (64, 128, 'n', 8, 16)
+  >>> cfg = default_config(GemmProblem(m=1, n=11008, k=4096))      # 86 64x128 tiles: wider, split
+  >>> (cfg.tile_m, cfg.tile_n, cfg.stages, cfg.split_k)
+  (64, 256, 4, 3)
   """
   from pallas_gemm import split_k  # local: the model module imports this one
 
@@ -359,7 +362,8 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
                     wg_split="n" if problem.transpose_a else "m")
   few_tiles = problem.batch * tiles(problem.m, base.tile_m) * tiles(problem.n, base.tile_n) < num_sms
   if problem.m <= DECODE_MAX_M:
-    options, max_stages = [dataclasses.replace(base, tile_m=64, tile_n=128, wg_split="n")], 8
+    decode = dataclasses.replace(base, tile_m=64, tile_n=128, wg_split="n")
+    options, max_stages = [decode, dataclasses.replace(decode, tile_n=256)], 8
   else:
     options, max_stages = [base], 4
     if tiles(problem.m, base.tile_m) >= 2:

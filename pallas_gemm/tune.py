@@ -113,7 +113,8 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
     candidates = candidate_configs(problem, space)
     name = f" ({shape.name})" if shape.name else ""
     out.write(f"[{i}/{len(shapes)}] {shape.label}{name}: {len(candidates)} candidates "
-              f"(then raster variants of the fastest {space.refine_top})\n")
+              f"(then raster variants of the fastest {space.refine_top}, and the fastest "
+              f"{space.confirm_top} again in {space.confirm_rounds} interleaved rounds)\n")
     if dry_run:
       out.writelines(f"    {describe(config)}\n" for config in candidates)
       continue

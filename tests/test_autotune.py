@@ -137,9 +137,31 @@ def test_tune_picks_the_fastest_including_raster_and_caches_it(cache):
     best = at.tune_problem(BIG, "relu", timer=lambda c: seen.append(c) or fake_ms(c), cache=cache)
     assert min(seen, key=fake_ms) == best
     assert (best.tile_m * best.tile_n, best.raster, best.group) == (128 * 256, "along_m", 16)
-    assert len(seen) == len(set(seen)) == len(at.candidate_configs(BIG)) + 3 * 5
+    confirmations = SPACE.confirm_top * SPACE.confirm_rounds  # the fastest few, timed again
+    assert len(set(seen)) == len(at.candidate_configs(BIG)) + 3 * 5
+    assert len(seen) == len(set(seen)) + confirmations
     record = cache.record(tc.TuningKey.current(BIG, "relu"))
     assert (record.config, record.time_ms) == (best, fake_ms(best))
+
+
+def test_a_config_timed_fast_once_by_luck_loses_the_interleaved_confirmation(cache):
+    """Phase 1 sees one config at a lucky 0.5x of its real time (a clock boost, say);
+    timed again in interleaved rounds it is slower than the real fastest, which wins."""
+    lucky = sorted(at.candidate_configs(BIG), key=fake_ms)[1]
+    calls = collections.Counter()
+
+    def drifting(config):
+        calls[config] += 1
+        return fake_ms(config) * (0.5 if config == lucky and calls[config] == 1 else 1.0)
+
+    best = at.tune_problem(BIG, timer=drifting, cache=cache,
+                           space=dataclasses.replace(SPACE, refine_top=1))
+    assert calls[lucky] == 1 + SPACE.confirm_rounds  # it was among the confirmed
+    assert best != lucky and fake_ms(best) < fake_ms(lucky)
+    assert cache.record(tc.TuningKey.current(BIG)).time_ms == fake_ms(best)
+    no_confirmation = dataclasses.replace(SPACE, refine_top=1, confirm_top=0)
+    calls.clear()
+    assert at.tune_problem(BIG, timer=drifting, cache=cache, space=no_confirmation) == lucky
 
 
 def test_progress_counts_every_trial_up_to_the_total(cache):
