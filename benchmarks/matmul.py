@@ -163,6 +163,15 @@ def cupti_times_ms(fn, args, iterations: int) -> list[float]:
   return list(times)
 
 
+def kernel_breakdown(fn, args, iterations: int = 20) -> list[tuple[str, float]]:
+  """(kernel name, median ms) of each kernel one call of `fn` launches, in launch order."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  _, runs = profiler.measure(fn, aggregate=False, iterations=max(iterations, 2))(*args)
+  return [(name, statistics.median(run[i][1] for run in runs))
+          for i, (name, _) in enumerate(runs[0])]
+
+
 def run_cases(cases, contenders_for, *, rounds=3, iterations=10, log=print):
   """Times every contender of every case, interleaved in rounds; returns result rows.
 
@@ -280,6 +289,8 @@ def main(argv=None):
                       help="sweeps: start no new shape after this many seconds")
   parser.add_argument("--compare-split", action="store_true",
                       help="sweeps: also time each shape with the other split-K choice (pallas_alt)")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also print the kernels of pallas_gemm and xla and each one's median time")
   args = parser.parse_args(argv)
   env = environment()
   print(json.dumps(env))
@@ -301,6 +312,13 @@ def main(argv=None):
     return {"pallas_gemm": pallas_fn(case), "xla": xla_fn(case), **jax_mgpu_fns(case)}
 
   rows = run_cases(cases, contenders, rounds=args.rounds, iterations=args.iterations)
+  if args.breakdown:
+    for case in cases:
+      args_ = make_inputs(case, seed=0)
+      for name, fn in (("pallas_gemm", pallas_fn(case)), ("xla", xla_fn(case))):
+        kernels = kernel_breakdown(fn, args_, args.iterations)
+        print(f"{case.label:32s} {name:12s} " +
+              "; ".join(f"{kernel[:40]} {ms * 1e3:.2f} us" for kernel, ms in kernels))
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
