@@ -289,6 +289,9 @@ def main(argv=None):
                       help="sweeps: start no new shape after this many seconds")
   parser.add_argument("--compare-split", action="store_true",
                       help="sweeps: also time each shape with the other split-K choice (pallas_alt)")
+  parser.add_argument("--compare-table", default=None, metavar="FILE",
+                      help="sweeps: also time each shape with the config of this tuning table "
+                           "or cache file, e.g. a fresh pallas_gemm.tune cache (pallas_alt)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also print the kernels of pallas_gemm and xla and each one's median time")
   args = parser.parse_args(argv)
@@ -337,7 +340,7 @@ def _run_sweep(args, gpu: bool) -> int:
     return 0
   _, summary = sweep.run(args.sweep, cases, out_dir=args.out, rounds=args.rounds,
                          iterations=args.iterations, budget_s=args.budget_s,
-                         compare_split=args.compare_split)
+                         compare_split=args.compare_split, compare_table=args.compare_table)
   print(sweep.format_summary(args.sweep, summary))
   return 0
 

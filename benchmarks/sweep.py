@@ -221,12 +221,24 @@ def other_split(case, config):
   return None
 
 
+def table_config(case, path: str):
+  """The config a tuning table or cache file at `path` holds for `case` (with the
+  shipped table's reach in M: `tuning_cache.packaged_config`), or None."""
+  from pallas_gemm import tuning_cache
+
+  problem, activation = case_problem(case)
+  return tuning_cache.packaged_config(problem, activation, path=path)
+
+
 def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, budget_s: float,
-        compare_split: bool = False, log=print) -> tuple[list[dict], list[dict]]:
+        compare_split: bool = False, compare_table: str | None = None,
+        log=print) -> tuple[list[dict], list[dict]]:
   """Times the cases on the GPU (until `budget_s` has passed; the rest are
   skipped and said so); writes `sweep_NAME.json` and `.png` under `out_dir`.
   Returns (rows, summary). With `compare_split`, each shape also runs with
-  the other split-K choice (`other_split`; contender `pallas_alt`)."""
+  the other split-K choice (`other_split`); with `compare_table`, with the
+  config of that tuning file (`table_config`), e.g. a fresh `pallas_gemm.tune`
+  cache against the shipped table; either is contender `pallas_alt`."""
   import json
   import os
 
@@ -235,7 +247,10 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   from pallas_gemm.tune import describe
 
   configs = [case_config(c) for c in cases]
-  alts = [other_split(c, cfg) if compare_split else None for c, cfg in zip(cases, configs)]
+  if compare_split:
+    alts = [other_split(c, cfg) for c, cfg in zip(cases, configs)]
+  else:
+    alts = [table_config(c, compare_table) if compare_table else None for c in cases]
 
   def contenders(case):
     fns = {"pallas_gemm": harness.pallas_fn(case), "xla": harness.xla_fn(case)}
@@ -253,7 +268,7 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   if done < len(cases):
     log(f"sweep {name}: time budget of {budget_s:.0f} s spent; skipped the last "
         f"{len(cases) - done} of {len(cases)} shapes")
-  described = [describe(c) + (f" (alt: split_k {a.split_k})" if a else "")
+  described = [describe(c) + (f" (alt: {describe(a)})" if a else "")
                for c, a in zip(configs[:done], alts[:done])]
   summary = summarize(cases[:done], rows, configs=described)
   if out_dir:

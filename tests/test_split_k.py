@@ -269,6 +269,27 @@ def test_sweep_run_writes_json_and_prints_per_shape(tmp_path, monkeypatch):
   assert rows == summary == []  # over budget before the first shape
 
 
+@pytest.mark.filterwarnings("ignore:matplotlib is not installed")
+def test_sweep_compares_a_tuning_table_file(tmp_path, monkeypatch):
+  from benchmarks import matmul as harness
+  from pallas_gemm import tuning_cache
+
+  monkeypatch.setattr(harness, "cupti_times_ms",
+                      lambda fn, args, iterations: [0.02] * iterations)
+  tuned_at = Case(16, 1024, 256)
+  problem, activation = sweep.case_problem(tuned_at)
+  path = str(tmp_path / "tuned.json")
+  config = GemmConfig(tile_m=64, tile_n=128, wg_split="n", stages=3)
+  tuning_cache.TuningCache(path).store(tuning_cache.TuningKey.current(problem, activation),
+                                       config, 0.02)
+  assert sweep.table_config(Case(3, 1024, 256), path) == config  # tuned at 16 serves M=3
+  assert sweep.table_config(Case(16, 1024, 512), path) is None  # another K
+  rows, summary = sweep.run("t", [tuned_at], out_dir=None, rounds=1, iterations=2, budget_s=60,
+                            compare_table=path, log=lambda msg: None)
+  assert {r["contender"] for r in rows} == {"pallas_gemm", "xla", "pallas_alt"}
+  assert summary[0]["config"].endswith("(alt: 64x128x64 s3 cooperative/n cluster 1x1 along_n/8)")
+
+
 def test_sweep_without_a_gpu_prints_the_plan(capsys):
   from benchmarks import matmul as harness
 
