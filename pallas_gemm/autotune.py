@@ -402,8 +402,10 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   timer with a `prepare(configs)` method is handed each phase's configs first
   (`CuptiTimer` compiles them in parallel);
   `cache` to the default cache. Candidates that fail are skipped with one
-  warning; if all fail, RuntimeError. With a timer that can `verify`, the
-  winner is the fastest config whose output matches the XLA path.
+  warning; if all fail, RuntimeError. The `space.confirm_top` fastest are
+  timed again in `space.confirm_rounds` interleaved rounds and ranked by
+  their median. With a timer that can `verify`, the winner is the fastest
+  config whose output matches the XLA path.
   """
   candidates = candidate_configs(problem, space)
   if not candidates:
@@ -434,7 +436,8 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   done = len(candidates) + len(variants)
   confirmed = _confirm(top, timer, space.confirm_rounds, progress, done,
                        done + len(top) * space.confirm_rounds)
-  best_ms, best = _first_correct(confirmed + rest, timer, problem)
+  # If every confirmation run failed, the phase 1 and 2 times still rank the configs.
+  best_ms, best = _first_correct(confirmed + rest or top, timer, problem)
   cache = cache or tuning_cache.default_cache()
   cache.store(tuning_cache.TuningKey.current(problem, activation), best, best_ms)
   return best

@@ -164,6 +164,21 @@ def test_a_config_timed_fast_once_by_luck_loses_the_interleaved_confirmation(cac
     assert at.tune_problem(BIG, timer=drifting, cache=cache, space=no_confirmation) == lucky
 
 
+def test_configs_that_fail_when_timed_again_are_dropped(cache):
+    calls = collections.Counter()
+
+    def once_only(config):
+        calls[config] += 1
+        if calls[config] > 1:
+            raise RuntimeError("flaky")
+        return fake_ms(config)
+
+    best = at.tune_problem(BIG, timer=once_only, cache=cache)
+    confirmed = [c for c, n in calls.items() if n > 1]
+    assert len(confirmed) == SPACE.confirm_top and best not in confirmed
+    assert fake_ms(best) == min(fake_ms(c) for c in calls if c not in confirmed)  # next fastest
+
+
 def test_progress_counts_every_trial_up_to_the_total(cache):
     calls = []
     at.tune_problem(BIG, timer=fake_ms, cache=cache, progress=lambda *a: calls.append(a))
