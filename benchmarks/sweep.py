@@ -246,6 +246,8 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   from benchmarks import plot
   from pallas_gemm.tune import describe
 
+  if compare_split and compare_table:
+    raise ValueError("compare_split and compare_table both fill contender pallas_alt: pick one")
   configs = [case_config(c) for c in cases]
   if compare_split:
     alts = [other_split(c, cfg) for c, cfg in zip(cases, configs)]

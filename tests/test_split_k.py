@@ -288,6 +288,9 @@ def test_sweep_compares_a_tuning_table_file(tmp_path, monkeypatch):
                             compare_table=path, log=lambda msg: None)
   assert {r["contender"] for r in rows} == {"pallas_gemm", "xla", "pallas_alt"}
   assert summary[0]["config"].endswith("(alt: 64x128x64 s3 cooperative/n cluster 1x1 along_n/8)")
+  with pytest.raises(ValueError, match="pick one"):
+    sweep.run("t", [tuned_at], out_dir=None, rounds=1, iterations=1, budget_s=60,
+              compare_split=True, compare_table=path)
 
 
 def test_sweep_without_a_gpu_prints_the_plan(capsys):
