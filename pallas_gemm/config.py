@@ -315,7 +315,7 @@ def default_tile_k(dtype: str) -> int:
 
 
 DEFAULT_NUM_SMS = 132
-"""H100 SXM; what `default_config` plans for when no GPU is attached."""
+"""H100 SXM: the SM count the planners and kernels use when no GPU is attached."""
 
 DECODE_MAX_M = 64
 """Up to this M, one 64-row tile covers all rows: the decode regime."""

@@ -33,11 +33,11 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import smem
+from pallas_gemm.config import DEFAULT_NUM_SMS
 
 BLOCK_M = 64
 BLOCK_N = 128
 STAGES = 4
-DEFAULT_NUM_SMS = 132
 INTERPRET_SMS = 2
 """Grid of the kernel in GPU interpret mode (each SM is a thread there)."""
 

@@ -39,10 +39,7 @@ from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
-from pallas_gemm.config import GemmConfig, GemmProblem, tiles
-
-DEFAULT_NUM_SMS = 132
-"""H100 SXM; used when no GPU is attached (export, interpret without num_sms)."""
+from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
 
 MEMORY_REGISTERS = 40
 """Registers per thread left to the producer warpgroup (setmaxnreg)."""

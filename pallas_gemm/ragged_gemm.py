@@ -58,9 +58,9 @@ import numpy as np
 from pallas_gemm import _compat
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import (INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
-                                SMEM_RESERVED_BYTES, tiles)
-from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, DEFAULT_NUM_SMS, MEMORY_REGISTERS
+from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES,
+                                SMEM_LIMIT_BYTES, SMEM_RESERVED_BYTES, tiles)
+from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, MEMORY_REGISTERS
 
 UNROLL_GROUPS = 32
 """Up to this many groups the in-kernel item decoder is unrolled."""

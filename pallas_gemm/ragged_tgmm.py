@@ -32,9 +32,9 @@ import numpy as np
 from pallas_gemm import _compat
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import (INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
+from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
                                 SMEM_RESERVED_BYTES, tiles)
-from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, DEFAULT_NUM_SMS, MEMORY_REGISTERS
+from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, MEMORY_REGISTERS
 from pallas_gemm.ragged_gemm import UNROLL_GROUPS
 
 
