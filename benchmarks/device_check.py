@@ -437,13 +437,15 @@ EXPERIMENTS = {
     "exp-n192-s5": (GemmConfig(cluster=(2, 1), tile_n=192, stages=5, epilogue_tile=(64, 32)), {}),
     "exp-n128-s6": (GemmConfig(cluster=(2, 1), tile_n=128, stages=6), {}),
     "exp-epi64x32": (GemmConfig(cluster=(2, 1), epilogue_tile=(64, 32)), {}),
+    "exp-nocluster": (GemmConfig(), {}),
+    "exp-along-m": (GemmConfig(cluster=(2, 1), raster="along_m"), {}),
     # All three shapes run 15.5, 7.8 or 3.9 waves of 128x256 tiles on 132 SMs (NOTES exp. 31).
     "exp-streamk": (GemmConfig(cluster=(2, 1), stream_k=True), {}),
 }
 """Performance experiments of NOTES.md (issue 4), timed next to the default, XLA and jax."""
 
 
-def _with_compiler_params(fn, params):
+def with_compiler_params(fn, params):
   """Runs `fn` with extra compiler params in force while it is traced."""
   from pallas_gemm import hopper_gemm
 
@@ -468,7 +470,7 @@ def timing_experiments(log, names=None) -> list[dict]:
       if names and name not in names:
         continue
       fn = harness.pallas_fn(case, cfg)
-      fns[name] = _with_compiler_params(fn, params) if params else fn
+      fns[name] = with_compiler_params(fn, params) if params else fn
     fns["xla"] = harness.xla_fn(case)
     fns.update(harness.jax_mgpu_fns(case))
     return fns
