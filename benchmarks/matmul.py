@@ -1,8 +1,11 @@
 """GEMM benchmark harness: pallas_gemm vs XLA (`jnp.dot`, cuBLAS) vs jax's hopper_matmul_mgpu.
 
 Contenders run interleaved in rounds on the same inputs (iid standard normal),
-timed with CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), no L2 flush;
-the reported time is the median over all rounds' iterations.
+timed with CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`); the reported
+time is the median over all rounds' iterations. With `--l2 cold` (the default)
+a problem smaller than 4x the L2 cache is timed over several input sets in turn
+(`input_sets`), so that its operands come from HBM, as one layer's weights do in
+a model; `--l2 warm` times one input set again and again (operands may stay in L2).
 
     python -m benchmarks.matmul --shapes 4096x8192x4096,8192x8192x8192 --layouts NN,NT
     python -m benchmarks.matmul --sweep llm --out out/llm     # a named sweep (benchmarks.sweep)
@@ -14,6 +17,10 @@ to exercise the code; those timings are meaningless and marked so.
 274877906944
 >>> parse_shapes("64x128x32")
 [(64, 128, 32)]
+>>> input_sets(Case(16, 4096, 4096))   # 34 MB: 7 sets make more than 4x the 50 MB L2
+7
+>>> input_sets(Case(8192, 8192, 8192)), input_sets(Case(16, 4096, 4096), l2="warm")
+(1, 1)
 """
 
 from __future__ import annotations
@@ -36,6 +43,16 @@ PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
 K_MAJOR_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float32")
 
 EPILOGUES = (None, "bias_gelu")
+
+L2_BYTES = 50 * 2**20
+"""H100 SXM L2 cache."""
+
+COLD_L2_FACTOR = 4
+"""`--l2 cold`: the input sets of one timed call are together at least this many L2s."""
+
+MAX_INPUT_SETS = 64
+
+L2_MODES = ("cold", "warm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +84,40 @@ class Case:
     batch = f"{self.batch}x" if self.batch > 1 else ""
     epi = f" +{self.epilogue}" if self.epilogue else ""
     return f"{batch}{self.m}x{self.n}x{self.k} {self.dtype} {self.layout}{epi}"
+
+
+def case_bytes(case: Case) -> int:
+  """Operand and output bytes of one call (A, B, the output in A's dtype, the bias)."""
+  item = jnp.dtype(case.dtype).itemsize
+  out_item = jnp.dtype(jnp.bfloat16).itemsize if case.dtype.startswith("float8") else item
+  per_batch = (case.m * case.k + case.k * case.n) * item + case.m * case.n * out_item
+  return case.batch * per_batch + (case.n * 4 if case.epilogue else 0)
+
+
+def input_sets(case: Case, l2: str = "cold") -> int:
+  """How many independent input sets one timed call runs, each once, in turn."""
+  if l2 not in L2_MODES:
+    raise ValueError(f"l2 must be one of {L2_MODES}, got {l2!r}")
+  if l2 == "warm":
+    return 1
+  return min(MAX_INPUT_SETS, max(1, -(-COLD_L2_FACTOR * L2_BYTES // case_bytes(case))))
+
+
+def rotating(fn, sets: int):
+  """A jitted call of `fn` on each of `sets` input sets in turn: `rotating(fn, n)(arg_sets)`.
+
+  Each call is ordered after the previous one's output by an optimization barrier
+  (free at run time), so XLA cannot merge the calls' kernels horizontally.
+  """
+  def run(arg_sets):
+    outs, prev = [], None
+    for args in arg_sets:
+      if prev is not None:
+        prev, args = jax.lax.optimization_barrier((prev, args))
+      prev = fn(*args)
+      outs.append(prev)
+    return outs
+  return jax.jit(run)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -172,23 +223,29 @@ def kernel_breakdown(fn, args, iterations: int = 20) -> list[tuple[str, float]]:
           for i, (name, _) in enumerate(runs[0])]
 
 
-def run_cases(cases, contenders_for, *, rounds=3, iterations=10, log=print):
+def run_cases(cases, contenders_for, *, rounds=3, iterations=10, l2="cold", log=print):
   """Times every contender of every case, interleaved in rounds; returns result rows.
 
   `contenders_for(case)` -> {name: jitted fn(a, b, bias)}. Contenders whose name
   contains "[" are alternatives of one family (e.g. jax_mgpu[0..3]): after the
   first round only the family's fastest keeps running, reported under the family name.
+  `l2`: "cold" times each call over `input_sets` input sets in turn (the time of
+  one call is the total / sets), "warm" on one set.
   """
   rows = []
   for case in cases:
-    args = make_inputs(case, seed=hash(case.label) % 2**31)
-    fns = contenders_for(case)
+    sets = input_sets(case, l2)
+    seed = hash(case.label) % 2**31
+    arg_sets = tuple(make_inputs(case, seed=seed + i) for i in range(sets))
+    args = (arg_sets,) if sets > 1 else arg_sets[0]
+    fns = {name: rotating(fn, sets) if sets > 1 else fn
+           for name, fn in contenders_for(case).items()}
     samples = {name: [] for name in fns}
     errors = {}
     for r in range(rounds):
       for name, fn in list(fns.items()):
         try:
-          samples[name] += cupti_times_ms(fn, args, iterations)
+          samples[name] += [t / sets for t in cupti_times_ms(fn, args, iterations)]
         except Exception as e:  # a contender that cannot run this case is reported, not fatal
           errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
           del fns[name]
@@ -203,6 +260,7 @@ def run_cases(cases, contenders_for, *, rounds=3, iterations=10, log=print):
                  dtype=case.dtype, layout=case.layout,
                  epilogue=case.epilogue, contender=name.split("[")[0], variant=name,
                  median_ms=med, min_ms=min(times), max_ms=max(times), samples=len(times),
+                 input_sets=sets,
                  tflops=case.flops / (med * 1e-3) / 1e12)
       row["pct_peak"] = 100 * row["tflops"] / PEAK_TFLOPS[case.dtype]
       rows.append(row)
@@ -261,11 +319,13 @@ def file_logger(name: str):
   return log
 
 
-def environment() -> dict:
+def environment(l2: str = "cold") -> dict:
   dev = jax.devices()[0]
+  l2_text = ("L2 cold: problems under 4x L2 rotate over input sets" if l2 == "cold"
+             else "L2 warm: one input set, no flush")
   return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-              method="CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median, no L2 flush, "
+              method=f"CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median, {l2_text}, "
                      "inputs iid N(0,1)")
 
 
@@ -292,10 +352,13 @@ def main(argv=None):
   parser.add_argument("--compare-table", default=None, metavar="FILE",
                       help="sweeps: also time each shape with the config of this tuning table "
                            "or cache file, e.g. a fresh pallas_gemm.tune cache (pallas_alt)")
+  parser.add_argument("--l2", default="cold", choices=L2_MODES,
+                      help="cold: problems under 4x the L2 run over several input sets in turn, "
+                           "so operands come from HBM; warm: one input set (may stay in L2)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also print the kernels of pallas_gemm and xla and each one's median time")
   args = parser.parse_args(argv)
-  env = environment()
+  env = environment(args.l2)
   print(json.dumps(env))
   if args.sweep:
     return _run_sweep(args, gpu=env["platform"] == "gpu")
@@ -314,8 +377,8 @@ def main(argv=None):
   def contenders(case):
     return {"pallas_gemm": pallas_fn(case), "xla": xla_fn(case), **jax_mgpu_fns(case)}
 
-  rows = run_cases(cases, contenders, rounds=args.rounds, iterations=args.iterations)
-  if args.breakdown:
+  rows = run_cases(cases, contenders, rounds=args.rounds, iterations=args.iterations, l2=args.l2)
+  if args.breakdown:  # one input set: the kernels of one call
     for case in cases:
       args_ = make_inputs(case, seed=0)
       for name, fn in (("pallas_gemm", pallas_fn(case)), ("xla", xla_fn(case))):
@@ -340,7 +403,8 @@ def _run_sweep(args, gpu: bool) -> int:
     return 0
   _, summary = sweep.run(args.sweep, cases, out_dir=args.out, rounds=args.rounds,
                          iterations=args.iterations, budget_s=args.budget_s,
-                         compare_split=args.compare_split, compare_table=args.compare_table)
+                         compare_split=args.compare_split, compare_table=args.compare_table,
+                         l2=args.l2)
   print(sweep.format_summary(args.sweep, summary))
   return 0
 

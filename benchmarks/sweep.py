@@ -231,14 +231,15 @@ def table_config(case, path: str):
 
 
 def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, budget_s: float,
-        compare_split: bool = False, compare_table: str | None = None,
+        compare_split: bool = False, compare_table: str | None = None, l2: str = "cold",
         log=print) -> tuple[list[dict], list[dict]]:
   """Times the cases on the GPU (until `budget_s` has passed; the rest are
   skipped and said so); writes `sweep_NAME.json` and `.png` under `out_dir`.
   Returns (rows, summary). With `compare_split`, each shape also runs with
   the other split-K choice (`other_split`); with `compare_table`, with the
   config of that tuning file (`table_config`), e.g. a fresh `pallas_gemm.tune`
-  cache against the shipped table; either is contender `pallas_alt`."""
+  cache against the shipped table; either is contender `pallas_alt`. `l2`: the
+  harness's L2 policy (`benchmarks.matmul.input_sets`)."""
   import json
   import os
 
@@ -265,7 +266,8 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   for case in cases:
     if time.monotonic() - start > budget_s:
       break
-    rows += harness.run_cases([case], contenders, rounds=rounds, iterations=iterations, log=log)
+    rows += harness.run_cases([case], contenders, rounds=rounds, iterations=iterations, l2=l2,
+                              log=log)
     done += 1
   if done < len(cases):
     log(f"sweep {name}: time budget of {budget_s:.0f} s spent; skipped the last "
@@ -276,7 +278,7 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"sweep_{name}.json"), "w") as f:
-      json.dump(dict(environment=harness.environment(), sweep=name, rows=rows, summary=summary),
+      json.dump(dict(environment=harness.environment(l2), sweep=name, rows=rows, summary=summary),
                 f, indent=1)
     plot.plot_rows(rows, os.path.join(out_dir, f"sweep_{name}.png"),
                    title=f"sweep {name}: pallas_gemm vs jnp.dot (H100, bf16)")
