@@ -36,6 +36,9 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from pallas_gemm.autotune import L2_MODES, rotating
+from pallas_gemm.autotune import input_sets as _input_sets
+
 PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
                "float8_e5m2": 1978.9, "float32": 494.7}
 """H100 SXM dense tensor-core peak (TFLOP/s); float32 runs as tf32."""
@@ -44,15 +47,6 @@ K_MAJOR_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float32")
 
 EPILOGUES = (None, "bias_gelu")
 
-L2_BYTES = 50 * 2**20
-"""H100 SXM L2 cache."""
-
-COLD_L2_FACTOR = 4
-"""`--l2 cold`: the input sets of one timed call are together at least this many L2s."""
-
-MAX_INPUT_SETS = 64
-
-L2_MODES = ("cold", "warm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,29 +89,8 @@ def case_bytes(case: Case) -> int:
 
 
 def input_sets(case: Case, l2: str = "cold") -> int:
-  """How many independent input sets one timed call runs, each once, in turn."""
-  if l2 not in L2_MODES:
-    raise ValueError(f"l2 must be one of {L2_MODES}, got {l2!r}")
-  if l2 == "warm":
-    return 1
-  return min(MAX_INPUT_SETS, max(1, -(-COLD_L2_FACTOR * L2_BYTES // case_bytes(case))))
-
-
-def rotating(fn, sets: int):
-  """A jitted call of `fn` on each of `sets` input sets in turn: `rotating(fn, n)(arg_sets)`.
-
-  Each call is ordered after the previous one's output by an optimization barrier
-  (free at run time), so XLA cannot merge the calls' kernels horizontally.
-  """
-  def run(arg_sets):
-    outs, prev = [], None
-    for args in arg_sets:
-      if prev is not None:
-        prev, args = jax.lax.optimization_barrier((prev, args))
-      prev = fn(*args)
-      outs.append(prev)
-    return outs
-  return jax.jit(run)
+  """Input sets one timed call runs in turn (`pallas_gemm.autotune.input_sets`)."""
+  return _input_sets(case_bytes(case), l2)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:

@@ -12,6 +12,7 @@ directory (see `pallas_gemm.tuning_cache.cache_path`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 
@@ -31,6 +32,9 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per s
 _CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
                              "platform's cache directory)")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "timed runs per config (median is kept)")
+_L2 = flags.DEFINE_enum("l2", "cold", ["cold", "warm"],
+                        "cold: a problem under 4 L2s is timed over several operand sets in turn "
+                        "(operands from HBM, as the benchmark harness does); warm: one set")
 _DEEPEST_STAGES = flags.DEFINE_integer(
     "deepest_stages", SearchSpace.deepest_stages,
     "per tile shape and schedule, how many of the deepest SMEM rings to try (1 halves the search)")
@@ -160,7 +164,8 @@ def main(argv) -> int:
   if _TILE_K.value:
     space = dataclasses.replace(space, tile_k=tuple(int(k) for k in _TILE_K.value))
   return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
-                     iterations=_ITERATIONS.value, log=_LOG.value)
+                     iterations=_ITERATIONS.value, log=_LOG.value,
+                     timer_factory=functools.partial(CuptiTimer, l2=_L2.value))
 
 
 def parse_flags(argv):

@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from benchmarks.shapes import Shape
@@ -222,10 +223,29 @@ def test_CuptiTimer_runs_matmul_on_the_problem_and_takes_the_median():
             return outputs[-1], [3.0, 1.0, 2.0, 9.0, 0.5][:iterations]
         return run
 
-    timer = at.CuptiTimer(problem, "relu", iterations=5, implementation="xla", measure=fake_measure)
+    timer = at.CuptiTimer(problem, "relu", iterations=5, implementation="xla", measure=fake_measure,
+                          l2="warm")
     assert timer(GemmConfig()) == 2.0
     assert outputs[0].shape == (2, 8, 16) and outputs[0].dtype == jnp.float32
     assert float(outputs[0].min()) >= 0.0  # relu ran
+
+
+def test_cold_cupti_timer_times_each_call_over_input_sets_and_divides_by_their_count():
+    problem = GemmProblem(m=16, n=4096, k=4096)  # 32.25 MiB: 7 sets make 4 L2s
+    seen = []
+
+    def fake_measure(fn, iterations):
+        def run(*args):
+            seen.append(args)
+            return fn(*args), [7.0] * iterations
+        return run
+
+    timer = at.CuptiTimer(problem, iterations=2, implementation="xla", measure=fake_measure)
+    assert timer.sets == 7
+    assert timer(GemmConfig()) == 1.0
+    (sets,) = seen[0]
+    assert len(sets) == 7 and sets[0] is timer.operands
+    assert not np.array_equal(np.asarray(sets[0][1][:4, :4]), np.asarray(sets[1][1][:4, :4]))
 
 
 def test_cupti_timer_prepares_configs_in_parallel_and_reports_compile_errors_when_timed():
@@ -237,7 +257,7 @@ def test_cupti_timer_prepares_configs_in_parallel_and_reports_compile_errors_whe
         return lambda *args: (fn(*args), [1.0] * iterations)
 
     timer = at.CuptiTimer(problem, iterations=3, implementation="xla", measure=fake_measure,
-                          workers=2)
+                          workers=2, l2="warm")
     good, bad = GemmConfig(), GemmConfig(stages=3)
     timer._jitted = lambda config: (_ for _ in ()).throw(ValueError("no")) if config == bad \
         else jax.jit(lambda a, b, bias, c: a @ b)
