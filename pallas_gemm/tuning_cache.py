@@ -327,7 +327,7 @@ def packaged_config(problem: GemmProblem, activation: str | None = None,
 
   >>> from pallas_gemm.config import GemmProblem
   >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="NVIDIA H100 80GB HBM3").split_k
-  8
+  4
   >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="cpu") is None
   True
   """
