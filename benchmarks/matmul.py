@@ -292,6 +292,13 @@ def file_logger(name: str):
   return log
 
 
+def write_json(out_dir: str, name: str, **payload) -> None:
+  """Writes `payload` as indented JSON to out_dir/name (the folder is created)."""
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, name), "w") as f:
+    json.dump(payload, f, indent=1)
+
+
 def environment(l2: str = "cold") -> dict:
   dev = jax.devices()[0]
   l2_text = ("L2 cold: problems under 4x L2 rotate over input sets" if l2 == "cold"
@@ -359,9 +366,7 @@ def main(argv=None):
         print(f"{case.label:32s} {name:12s} " +
               "; ".join(f"{kernel[:40]} {ms * 1e3:.2f} us" for kernel, ms in kernels))
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump(dict(environment=env, rows=rows), f, indent=1)
+    write_json(args.out, "results.json", environment=env, rows=rows)
   print(format_table(rows))
   return 0
 

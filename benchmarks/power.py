@@ -200,9 +200,7 @@ def main(argv=None):
   cases = [matmul.Case(m, n, k) for (m, n, k) in matmul.parse_shapes(args.shapes)]
   rows = measure(cases, args.seconds, args.rounds, [v for v in args.variants.split(",") if v])
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "power.json"), "w") as f:
-      json.dump(dict(environment=env, rows=rows), f, indent=1)
+    matmul.write_json(args.out, "power.json", environment=env, rows=rows)
   print(format_table(rows))
   return 0
 
