@@ -17,7 +17,7 @@ to exercise the code; those timings are meaningless and marked so.
 274877906944
 >>> parse_shapes("64x128x32")
 [(64, 128, 32)]
->>> input_sets(Case(16, 4096, 4096))   # 34 MB: 7 sets make more than 4x the 50 MB L2
+>>> input_sets(Case(16, 4096, 4096))   # 33.8 MB: 7 sets exceed four 50 MiB L2s
 7
 >>> input_sets(Case(8192, 8192, 8192)), input_sets(Case(16, 4096, 4096), l2="warm")
 (1, 1)
@@ -46,7 +46,6 @@ PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
 K_MAJOR_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float32")
 
 EPILOGUES = (None, "bias_gelu")
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -240,7 +240,6 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   config of that tuning file (`table_config`), e.g. a fresh `pallas_gemm.tune`
   cache against the shipped table; either is contender `pallas_alt`. `l2`: the
   harness's L2 policy (`benchmarks.matmul.input_sets`)."""
-  import json
   import os
 
   from benchmarks import matmul as harness
@@ -276,10 +275,8 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
                for c, a in zip(configs[:done], alts[:done])]
   summary = summarize(cases[:done], rows, configs=described)
   if out_dir:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"sweep_{name}.json"), "w") as f:
-      json.dump(dict(environment=harness.environment(l2), sweep=name, rows=rows, summary=summary),
-                f, indent=1)
+    harness.write_json(out_dir, f"sweep_{name}.json", environment=harness.environment(l2),
+                       sweep=name, rows=rows, summary=summary)
     plot.plot_rows(rows, os.path.join(out_dir, f"sweep_{name}.png"),
                    title=f"sweep {name}: pallas_gemm vs jnp.dot (H100, bf16)")
   return rows, summary
