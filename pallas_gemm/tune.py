@@ -21,7 +21,7 @@ from absl import flags
 import jax
 
 from pallas_gemm import tuning_cache
-from pallas_gemm.autotune import CuptiTimer, SearchSpace, candidate_configs, tune_problem
+from pallas_gemm.autotune import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
 _SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
@@ -32,7 +32,7 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per s
 _CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
                              "platform's cache directory)")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "timed runs per config (median is kept)")
-_L2 = flags.DEFINE_enum("l2", "cold", ["cold", "warm"],
+_L2 = flags.DEFINE_enum("l2", "cold", list(L2_MODES),
                         "cold: a problem under 4 L2s is timed over several operand sets in turn "
                         "(operands from HBM, as the benchmark harness does); warm: one set")
 _DEEPEST_STAGES = flags.DEFINE_integer(
