@@ -32,6 +32,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_once
 from pallas_gemm import smem
 from pallas_gemm.config import DEFAULT_NUM_SMS
 
@@ -124,12 +125,13 @@ def _kernel(pre_gmem, g_gmem, d_gmem, sums_gmem, *, slope, p: _Plan):
   )
 
 
+@compile_once.kernel_entry(static_argnames=("slope", "num_sms", "interpret"))
 def dpre_and_column_sums(pre, g, slope, *, num_sms=None, interpret=None):
   """(d_acc, sums): `g * slope(pre)` in `pre`'s dtype, and its f32 column sums
   per 64-row tile ((ceil(R / 64), N); sum axis 0 for the bias gradient).
 
   `slope` is the derivative of the elementwise activation, an f32 function
-  (`epilogue.ACTIVATION_SLOPES`). Requires `supported(pre.shape, pre.dtype)`; `g` is like `pre`.
+  (`epilogue.ACTIVATION_SLOPES`; hashable: it keys the kernel, `compile_once`). Requires `supported(pre.shape, pre.dtype)`; `g` is like `pre`.
   """
   if not supported(pre.shape, pre.dtype) or g.shape != pre.shape or g.dtype != pre.dtype:
     raise ValueError(f"dpre_and_column_sums: pre {pre.shape} {pre.dtype} and g {g.shape} "
@@ -146,7 +148,7 @@ def dpre_and_column_sums(pre, g, slope, *, num_sms=None, interpret=None):
   num_sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   p = _Plan(pre.shape[0], pre.shape[1], num_sms)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, slope=slope, p=p),
+      compile_once.named_body("pallas_gemm_dpre", _kernel, slope=slope, p=p),
       out_type=(jax.ShapeDtypeStruct(pre.shape, pre.dtype),
                 jax.ShapeDtypeStruct((p.row_tiles, p.cols), jnp.float32)),
       grid=(num_sms,),

@@ -59,10 +59,12 @@ class Linear(nnx.Linear):
     self.activation = activation
     self.implementation = implementation
 
-  def __call__(self, inputs, out_sharding=None):
+  def __call__(self, inputs, out_sharding=None, *, residual=None):
+    """`act(inputs @ kernel + bias) + residual`; `residual` (inputs' leading dims,
+    out_features), added in the kernel's epilogue (e.g. a transformer block's skip)."""
     bias = self.bias[...] if self.bias is not None else None
     inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
-    y = dense(inputs, kernel, bias, activation=self.activation,
+    y = dense(inputs, kernel, bias, activation=self.activation, residual=residual,
               out_dtype=self.preferred_element_type, implementation=self.implementation)
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
@@ -97,8 +99,9 @@ class Dense(linen.Dense):
                  implementation=self.implementation)
 
 
-def dense(inputs, kernel, bias=None, *, activation=None, out_dtype=None, implementation=None):
-  """`act(inputs @ kernel + bias)` over the last dim of `inputs`, as one kernel call.
+def dense(inputs, kernel, bias=None, *, activation=None, residual=None, out_dtype=None,
+          implementation=None):
+  """`act(inputs @ kernel + bias) + residual` over the last dim of `inputs`, as one kernel call.
 
   >>> import jax.numpy as jnp
   >>> dense(jnp.ones((3, 2), jnp.bfloat16), jnp.ones((2, 5), jnp.bfloat16)).shape
@@ -107,8 +110,12 @@ def dense(inputs, kernel, bias=None, *, activation=None, out_dtype=None, impleme
   if implementation is None and (inputs.dtype.name not in INPUT_DTYPES
                                  or kernel.dtype != inputs.dtype):
     implementation = "xla"
+  rows = (-1, kernel.shape[-1])
+  if residual is not None:
+    residual = residual.reshape(rows)
   y = autodiff.matmul(inputs.reshape(-1, inputs.shape[-1]), kernel, bias=bias,
-                      activation=activation, out_dtype=out_dtype, implementation=implementation)
+                      activation=activation, residual=residual, out_dtype=out_dtype,
+                      implementation=implementation)
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
 
 

@@ -35,6 +35,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_once
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import raster
 from pallas_gemm import smem
@@ -534,6 +535,8 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
                 return_pre: bool = False, interpret=None):
   """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
 
+  Traced and lowered once per distinct kernel in a program (`compile_once`).
+
   Args:
     a: (batch, M, K) or (M, K); (.., K, M) if `problem.transpose_a`. Extents may
       exceed the logical problem (zero padding); never fall short of it.
@@ -559,6 +562,16 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
     (wg_n = `config.wg_tile[1]` columns), before fp8 output scaling, columns
     >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
   """
+  return _launch(a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,
+                 row_scale=row_scale, col_scale=col_scale, valid_n=valid_n, problem=problem,
+                 config=config, epilogue=epilogue, return_pre=return_pre, interpret=interpret,
+                 experiment=tuple(sorted(EXPERIMENT_COMPILER_PARAMS.items())))
+
+
+@compile_once.kernel_entry(static_argnames=(
+    "valid_n", "problem", "config", "epilogue", "return_pre", "interpret", "experiment"))
+def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale, valid_n,
+            problem, config, epilogue, return_pre, interpret, experiment):
   config.validate(problem)
   if config.stream_k and interpret is not None:
     raise ValueError("GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
@@ -608,7 +621,7 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
   kernel = plgpu.kernel(
-      functools.partial(_kernel, p=plan),
+      compile_once.named_body("pallas_gemm_gemm", _kernel, p=plan),
       out_type=out_type if len(out_type) > 1 else out_type[0],
       grid=(num_sms // config.cluster_size,),
       grid_names=("sm",),
@@ -616,7 +629,7 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
       thread_name="wg",
       compiler_params=_compat.compiler_params(
           approx_math=_use_approx_math(problem, epilogue), **extra_params,
-          **EXPERIMENT_COMPILER_PARAMS),
+          **dict(experiment)),
       interpret=interpret,
       **cluster_kwargs,
   )

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_once
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES,
@@ -467,6 +468,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   )
 
 
+@compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: RaggedConfig,
                 interpret=None):
   """Runs the kernel on arrays already laid out for TMA (see `ragged_dot` for the API).
@@ -490,7 +492,7 @@ def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: Ragged
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   plan = _Plan(problem, config, ab_swizzle, out_swizzle)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, p=plan),
+      compile_once.named_body("pallas_gemm_ragged", _kernel, p=plan),
       out_type=jax.ShapeDtypeStruct((problem.rows, problem.n), jnp.dtype(problem.out_dtype)),
       grid=(num_sms,),
       grid_names=("sm",),

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_once
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
@@ -238,6 +239,7 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
   )
 
 
+@compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, interpret=None):
   """out[g] = x[rows_g]^T @ y[rows_g] on arrays laid out for TMA.
 
@@ -252,8 +254,8 @@ def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, 
   out_swizzle = smem.widest_swizzle(problem.out_dtype, 64, problem.q)
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   kernel = plgpu.kernel(
-      functools.partial(_kernel, problem=problem, config=config, swizzle=swizzle,
-                        out_swizzle=out_swizzle),
+      compile_once.named_body("pallas_gemm_ragged_tgmm", _kernel, problem=problem,
+                              config=config, swizzle=swizzle, out_swizzle=out_swizzle),
       out_type=jax.ShapeDtypeStruct((problem.groups, problem.p, problem.q),
                                     jnp.dtype(problem.out_dtype)),
       grid=(num_sms,),

@@ -1,0 +1,465 @@
+"""End-to-end model benchmark: `python -m benchmarks.model`.
+
+Trains and runs the decoders of `benchmarks.models` (GPT-style and
+Llama-style, Flax nnx, bf16 compute with f32 parameters, AdamW) in three
+variants, XLA's `nnx.Linear`, `nnx.Linear(dot_general=pallas_gemm.dot_general)`
+and `pallas_gemm.flax.Linear` with fused epilogues, and reports for each:
+
+  compile   first training step's trace + lowering and XLA compile, in a fresh
+            process with an empty persistent compilation cache ("cold", one
+            subprocess per variant, which also reports the peak device memory
+            of its first steps), then again in this process once that cache
+            holds the executable ("warm"); the number of distinct Mosaic kernels
+            in the lowered step and its GEMM call sites.
+  step      median wall time of a training step (forward, backward, AdamW),
+            variants interleaved in rounds; tokens/s.
+  loss      the loss curve of the first steps from the same initial parameters
+            on the same batches, and its largest difference from XLA's.
+  kernels   one step's kernels (CUPTI), grouped: GEMM, attention,
+            elementwise/normalization, other.
+  inference prefill (a training batch, forward only) and decode-like forwards
+            with 1..64 tokens per call, medians interleaved.
+
+On a machine without a GPU every variant runs XLA's GEMMs (the library's
+`implementation=None` picks XLA there), so the run checks the harness, the
+models and the loss agreement, not speed: `--size small` is the CPU size.
+JSON goes to `--json`, the table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+GROUPS = ("gemm", "attention", "elementwise", "other")
+_GROUP_WORDS = (
+    # Checked in order: the first group whose words match a kernel name wins.
+    ("elementwise", ("pallas_gemm_dpre",)),
+    ("attention", ("fmha", "flash", "sdpa", "attention", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "dot")),
+    ("elementwise", ("fusion", "loop_", "input_", "reduce", "convert", "transpose",
+                     "broadcast", "copy", "add", "multiply", "norm", "select", "scatter",
+                     "gather", "dynamic", "concatenate", "slice", "pad")),
+)
+
+
+def kernel_group(name: str) -> str:
+  """The breakdown group of a kernel name.
+
+  >>> [kernel_group(n) for n in ("pallas_gemm_gemm", "nvjet_tst_256x128", "loop_add_fusion",
+  ...                            "cudnn_generated_fort_native_sdpa_sm90", "memset32")]
+  ['gemm', 'gemm', 'elementwise', 'attention', 'other']
+  """
+  lower = name.lower()
+  for group, words in _GROUP_WORDS:
+    if any(word in lower for word in words):
+      return group
+  return "other"
+
+
+# -- the model and its steps --------------------------------------------------
+def build(spec, variant: str, seed: int = 0, implementation: str | None = None):
+  """(graphdef, params, rest) of the decoder; same values for every variant."""
+  from flax import nnx
+  from benchmarks import models
+
+  model = models.Decoder(spec, variant, nnx.Rngs(seed), implementation)
+  return nnx.split(model, nnx.Param, ...)
+
+
+def make_train_step(graphdef, learning_rate: float = 3e-4):
+  """A jitted (params, opt_state, rest, tokens, labels) -> (params, opt_state, loss)
+  that donates params and optimizer state, and the optimizer."""
+  from flax import nnx
+  import optax
+
+  tx = optax.adamw(learning_rate, weight_decay=0.1)
+
+  def loss_fn(params, rest, tokens, labels):
+    logits = nnx.merge(graphdef, params, rest)(tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), labels).mean()
+
+  def train_step(params, opt_state, rest, tokens, labels):
+    loss, grads = jax.value_and_grad(loss_fn)(params, rest, tokens, labels)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return jax.jit(train_step, donate_argnums=(0, 1)), tx
+
+
+def make_forward(graphdef):
+  """A jitted (params, rest, tokens) -> logits."""
+  from flax import nnx
+
+  return jax.jit(lambda params, rest, tokens: nnx.merge(graphdef, params, rest)(tokens))
+
+
+def batches(spec, count: int, seed: int = 1):
+  """`count` (tokens, labels) pairs of random token ids (the next-token labels)."""
+  key = jax.random.key(seed)
+  out = []
+  for i in range(count):
+    ids = jax.random.randint(jax.random.fold_in(key, i), (spec.batch, spec.seq + 1), 0,
+                             spec.vocab, jnp.int32)
+    out.append((ids[:, :-1], ids[:, 1:]))
+  return out
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def compile_step(step, *args):
+  """(compiled, {"lower_s", "compile_s", "kernels", "gemm_sites"}) of `step` at `args`."""
+  from pallas_gemm import compile_once
+
+  t0 = time.perf_counter()
+  lowered = step.lower(*args)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  t2 = time.perf_counter()
+  text = lowered.as_text()
+  return compiled, dict(lower_s=t1 - t0, compile_s=t2 - t1,
+                        kernels=compile_once.module_kernel_count(text),
+                        gemm_sites=text.count("call @_launch"))
+
+
+def peak_memory_bytes() -> int | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
+
+
+# -- the cold-compile worker (one fresh process per variant) --------------------
+def enable_persistent_cache(path: str) -> None:
+  """Every executable goes to (and comes from) the persistent cache at `path`."""
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
+  """Compile the training step in this (fresh) process, run `steps`, report."""
+  if cache_dir:
+    enable_persistent_cache(cache_dir)
+  t0 = time.perf_counter()
+  graphdef, params, rest = build(spec, variant)
+  step, tx = make_train_step(graphdef)
+  opt_state = tx.init(params)
+  build_s = time.perf_counter() - t0
+  (tokens, labels), = batches(spec, 1)
+  compiled, stats = compile_step(step, params, opt_state, rest, tokens, labels)
+  for _ in range(steps):
+    params, opt_state, loss = compiled(params, opt_state, rest, tokens, labels)
+  jax.block_until_ready(loss)
+  return dict(variant=variant, build_s=build_s, **stats, peak_bytes=peak_memory_bytes(),
+              loss=float(loss))
+
+
+def cold_compiles(spec, variants, cache_dir: str | None, log) -> dict:
+  """{variant: worker report} from one fresh `python -m benchmarks.model --worker` each."""
+  reports = {}
+  for variant in variants:
+    cmd = [sys.executable, "-m", "benchmarks.model", "--worker", variant,
+           "--spec", json.dumps(dataclasses.asdict(spec))]
+    if cache_dir:
+      cmd += ["--cache-dir", cache_dir]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+      log(f"  cold compile of {variant} failed:\n{proc.stderr[-3000:]}")
+      reports[variant] = dict(variant=variant, error=proc.stderr[-500:])
+      continue
+    reports[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    reports[variant]["process_s"] = time.perf_counter() - t0
+    r = reports[variant]
+    log(f"  cold {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
+        f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
+        f"{_gib(r['peak_bytes'])}")
+  return reports
+
+
+# -- timing ---------------------------------------------------------------------
+def step_kernels(fn, *args):
+  """(results, [(kernel name, µs)]) of one call of an already compiled `fn` (CUPTI).
+
+  Unlike `profiler.measure`, no warm-up call: the step donates its inputs.
+  """
+  from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
+
+  ext = mosaic_gpu_lib._mosaic_gpu_ext
+  ext._cupti_init()
+  try:
+    results = jax.block_until_ready(fn(*args))
+  finally:
+    timings = ext._cupti_get_timings(True)
+  return results, [(name, 1e3 * ms) for name, ms in timings or ()]
+
+
+def group_kernels(kernels) -> dict:
+  """{group: µs} and the top kernels of one step."""
+  totals = {g: 0.0 for g in GROUPS}
+  by_name: dict[str, float] = {}
+  for name, us in kernels:
+    totals[kernel_group(name)] += us
+    by_name[name] = by_name.get(name, 0.0) + us
+  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+  return dict(groups=totals, total_us=sum(totals.values()), launches=len(kernels),
+              top=[(n[:90], round(us, 1)) for n, us in top])
+
+
+def _gib(x):
+  return "-" if x is None else f"{x / 2**30:.2f} GiB"
+
+
+class Run:
+  """Every variant's state for one model spec, in one process."""
+
+  def __init__(self, spec, variants, loss_steps: int, log):
+    self.spec, self.variants, self.log = spec, variants, log
+    self.batches = batches(spec, max(loss_steps, 1))
+    self.state, self.steps, self.forwards, self.rows = {}, {}, {}, {}
+    reference = None
+    for variant in variants:
+      graphdef, params, rest = build(spec, variant)
+      if reference is None:
+        reference = params
+      elif jax.tree.map(lambda x: x.shape, params) != jax.tree.map(lambda x: x.shape, reference):
+        raise AssertionError(f"{variant}'s parameters differ in structure from {variants[0]}'s")
+      step, tx = make_train_step(graphdef)
+      self.state[variant] = [params, tx.init(params), rest]
+      self.steps[variant] = step
+      self.forwards[variant] = make_forward(graphdef)
+      self.rows[variant] = dict(variant=variant, params=count_params(params))
+
+  def compile(self):
+    tokens, labels = self.batches[0]
+    for variant in self.variants:
+      compiled, stats = compile_step(self.steps[variant], *self.state[variant], tokens, labels)
+      self.steps[variant] = compiled
+      self.rows[variant]["warm"] = stats
+      memory = compiled.memory_analysis()
+      if memory is not None:
+        self.rows[variant]["temp_bytes"] = int(memory.temp_size_in_bytes)
+      self.log(f"  warm {variant:9s} lower {stats['lower_s']:6.1f} s  compile "
+               f"{stats['compile_s']:6.1f} s  kernels {stats['kernels']}")
+
+  def _step(self, variant, tokens, labels):
+    params, opt_state, rest = self.state[variant]
+    params, opt_state, loss = self.steps[variant](params, opt_state, rest, tokens, labels)
+    self.state[variant] = [params, opt_state, rest]
+    return loss
+
+  def losses(self):
+    for variant in self.variants:
+      curve = [self._step(variant, *batch) for batch in self.batches]
+      self.rows[variant]["loss_curve"] = [float(x) for x in jax.device_get(curve)]
+    ref = np.asarray(self.rows[self.variants[0]]["loss_curve"])
+    for variant in self.variants:
+      curve = np.asarray(self.rows[variant]["loss_curve"])
+      self.rows[variant]["loss_max_diff"] = float(np.max(np.abs(curve - ref)))
+
+  def time_steps(self, rounds: int, iters: int):
+    samples = {v: [] for v in self.variants}
+    tokens, labels = self.batches[0]
+    for _ in range(rounds):
+      for variant in self.variants:
+        jax.block_until_ready(self._step(variant, tokens, labels))
+        for _ in range(iters):
+          t0 = time.perf_counter()
+          jax.block_until_ready(self._step(variant, tokens, labels))
+          samples[variant].append(1e3 * (time.perf_counter() - t0))
+    for variant, times in samples.items():
+      med = statistics.median(times)
+      self.rows[variant].update(step_ms=med, step_min_ms=min(times), step_samples=len(times),
+                                tokens_per_s=self.spec.tokens / (med * 1e-3))
+
+  def breakdown(self):
+    tokens, labels = self.batches[0]
+    for variant in self.variants:
+      params, opt_state, rest = self.state[variant]
+      (params, opt_state, _), kernels = step_kernels(
+          self.steps[variant], params, opt_state, rest, tokens, labels)
+      self.state[variant] = [params, opt_state, rest]
+      self.rows[variant]["kernels"] = group_kernels(kernels)
+
+  def inference(self, decode_tokens, rounds: int, iters: int):
+    cases = {"prefill": self.batches[0][0]}
+    for t in decode_tokens:
+      cases[f"decode{t}"] = jnp.zeros((t, 1), jnp.int32)
+    for case, tokens in cases.items():
+      compiled = {}
+      for variant in self.variants:
+        params, _, rest = self.state[variant]
+        t0 = time.perf_counter()
+        compiled[variant] = self.forwards[variant].lower(params, rest, tokens).compile()
+        self.rows[variant].setdefault("inference", {})[case] = dict(
+            tokens=int(tokens.size), compile_s=time.perf_counter() - t0)
+      samples = {v: [] for v in self.variants}
+      for _ in range(rounds):
+        for variant in self.variants:
+          params, _, rest = self.state[variant]
+          jax.block_until_ready(compiled[variant](params, rest, tokens))
+          for _ in range(iters):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled[variant](params, rest, tokens))
+            samples[variant].append(1e3 * (time.perf_counter() - t0))
+      for variant, times in samples.items():
+        self.rows[variant]["inference"][case]["ms"] = statistics.median(times)
+
+
+# -- report -----------------------------------------------------------------------
+def table(results) -> str:
+  """The printed table: one line per (model, variant), ratios against XLA."""
+  lines = []
+  head = (f"{'model':6s} {'variant':9s} {'cold compile s':>14s} {'x XLA':>6s} {'warm s':>7s} "
+          f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'tok/s':>9s} {'peak GiB':>8s} "
+          f"{'loss diff':>9s} {'GEMM ms':>8s} {'attn ms':>7s} {'elem ms':>7s} {'other ms':>8s} "
+          f"{'prefill':>8s} {'decode':>16s}")
+  lines.append(head)
+  for arch, result in results.items():
+    rows = result["variants"]
+    xla = rows.get("xla", {})
+    for variant, row in rows.items():
+      cold = row.get("cold", {})
+      cold_s = cold.get("lower_s", 0) + cold.get("compile_s", 0) if "lower_s" in cold else None
+      xla_cold = xla.get("cold", {})
+      xla_cold_s = xla_cold.get("lower_s", 0) + xla_cold.get("compile_s", 0) if xla_cold else None
+      warm = row.get("warm", {})
+      groups = row.get("kernels", {}).get("groups", {})
+      inf = row.get("inference", {})
+      decode = "/".join(f"{xla['inference'][c]['ms'] / inf[c]['ms']:.2f}"
+                        for c in inf if c.startswith("decode")) if "inference" in xla else "-"
+      prefill = (f"{xla['inference']['prefill']['ms'] / inf['prefill']['ms']:.3f}"
+                 if "inference" in xla and "prefill" in inf else "-")
+      ratio = xla.get("step_ms", float("nan")) / row.get("step_ms", float("nan"))
+      lines.append(
+          f"{arch:6s} {variant:9s} {_num(cold_s, 14, 1)} "
+          f"{_num(cold_s / xla_cold_s if cold_s and xla_cold_s else None, 6, 2)} "
+          f"{_num(warm.get('lower_s', 0) + warm.get('compile_s', 0) if warm else None, 7, 1)} "
+          f"{warm.get('kernels', 0):4d} {_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
+          f"{_num(row.get('tokens_per_s'), 9, 0)} "
+          f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
+          f"{_num(row.get('loss_max_diff'), 9, 5)} "
+          + " ".join(_num(groups[g] / 1e3 if g in groups else None, w, 2)
+                     for g, w in zip(GROUPS, (8, 7, 7, 8)))
+          + f" {prefill:>8s} {decode:>16s}")
+  lines.append("x XLA: cold compile / XLA's; XLA/this: XLA step time / this variant's "
+               "(> 1 is faster); prefill, decode: XLA time / this (decode at "
+               + "/".join(c[6:] for c in next(iter(results.values()))["variants"]
+                          .get("xla", {}).get("inference", {}) if c.startswith("decode"))
+               + " tokens)")
+  return "\n".join(lines)
+
+
+def _num(x, width, digits):
+  return f"{'-':>{width}s}" if x is None else f"{x:{width}.{digits}f}"
+
+
+def run_model(spec, variants, args, log) -> dict:
+  log(f"== {spec.arch}: {spec}")
+  cache_dir = None if args.no_cache else tempfile.mkdtemp(prefix="pallas-gemm-jax-cache-")
+  cold = {} if args.in_process else cold_compiles(spec, variants, cache_dir, log)
+  if cache_dir:
+    enable_persistent_cache(cache_dir)
+  run = Run(spec, variants, args.loss_steps, log)
+  run.compile()
+  for variant in variants:
+    run.rows[variant]["cold"] = cold.get(variant, {})
+  run.losses()
+  run.time_steps(args.rounds, args.iters)
+  if _on_gpu():
+    run.breakdown()
+  run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
+  if cache_dir:
+    jax.config.update("jax_compilation_cache_dir", None)
+  for variant in variants:
+    row = run.rows[variant]
+    log(f"  {variant:9s} step {row['step_ms']:.2f} ms, loss {row['loss_curve'][0]:.4f} -> "
+        f"{row['loss_curve'][-1]:.4f} (max diff from {variants[0]} {row['loss_max_diff']:.2e})"
+        + (f", kernels {row['kernels']['groups']}" if "kernels" in row else ""))
+  return dict(spec=dataclasses.asdict(spec), params=run.rows[variants[0]]["params"],
+              train_flops=spec.train_flops, variants=run.rows)
+
+
+def _on_gpu() -> bool:
+  return jax.devices()[0].platform == "gpu"
+
+
+def parse_args(argv=None):
+  from benchmarks import models
+
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--arch", default="gpt,llama", help="comma-separated: gpt, llama")
+  p.add_argument("--size", default=None, choices=sorted(models.SIZES),
+                 help="preset sizes (default: 'default' on a GPU, 'small' elsewhere)")
+  for field in ("layers", "d_model", "heads", "kv_heads", "mlp", "vocab", "batch", "seq"):
+    p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None,
+                   help=f"override the preset's {field}")
+  p.add_argument("--variants", default=",".join(models.VARIANTS))
+  p.add_argument("--loss-steps", type=int, default=20, help="steps of the loss curve")
+  p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+  p.add_argument("--iters", type=int, default=5, help="timed calls per variant per round")
+  p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
+  p.add_argument("--in-process", action="store_true",
+                 help="no cold-compile subprocesses (compile times: this process only)")
+  p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache")
+  p.add_argument("--json", default=None, help="write the results here")
+  p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
+  return p.parse_args(argv)
+
+
+def specs_from(args):
+  from benchmarks import models
+
+  base = models.SIZES[args.size or ("default" if _on_gpu() else "small")]
+  overrides = {f: getattr(args, f) for f in ("layers", "d_model", "heads", "kv_heads", "mlp",
+                                             "vocab", "batch", "seq")
+               if getattr(args, f) is not None}
+  out = []
+  for arch in args.arch.split(","):
+    spec = models.for_arch(base, arch)
+    out.append(dataclasses.replace(spec, **overrides))
+  return out
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  from benchmarks import models
+
+  if args.worker:
+    spec = models.ModelSpec(**json.loads(args.spec))
+    print(json.dumps(worker(spec, args.worker, args.cache_dir)))
+    return 0
+  log = lambda *a: print(*a, flush=True)
+  device = jax.devices()[0]
+  log(f"jax {jax.__version__}, {device.device_kind} ({device.platform}); step: wall-clock "
+      "median, variants interleaved; kernels: CUPTI, one step")
+  variants = tuple(args.variants.split(","))
+  results = {spec.arch: run_model(spec, variants, args, log) for spec in specs_from(args)}
+  meta = dict(jax=jax.__version__, device=device.device_kind,
+              date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(meta=meta, models=results), f, indent=1)
+  log(table(results))
+  return 0
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  sys.exit(main())

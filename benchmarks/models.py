@@ -1,0 +1,220 @@
+"""Decoder models in Flax nnx for the end-to-end benchmark (`benchmarks.model`).
+
+Two architectures, each buildable in three variants that differ only in how
+their projections run:
+
+  "xla"       `nnx.Linear`: XLA's GEMMs (cuBLAS); bias, activation and
+              residual adds are XLA ops.
+  "injected"  `nnx.Linear(dot_general=pallas_gemm.dot_general)`: the kernel
+              for the GEMM alone, as a user gets by injection.
+  "fused"     `pallas_gemm.flax.Linear`: bias and activation in the kernel's
+              epilogue, and the residual add of the attention output and of
+              the MLP down-projection in the epilogue too.
+
+"gpt": LayerNorm, multi-head attention (`jax.nn.dot_product_attention`), GELU
+MLP with biases, untied head. "llama": RMSNorm, grouped-query attention with
+rotary embeddings, SwiGLU MLP without biases, untied head. Every variant of
+one spec has the same parameters (same names, same initial values), so loss
+curves compare step by step.
+
+>>> import jax, jax.numpy as jnp
+>>> from flax import nnx
+>>> spec = SIZES["small"]
+>>> model = Decoder(spec, "xla", nnx.Rngs(0))
+>>> model(jnp.zeros((2, spec.seq), jnp.int32)).shape
+(2, 32, 512)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_gemm
+import pallas_gemm.flax
+
+ARCHS = ("gpt", "llama")
+VARIANTS = ("xla", "injected", "fused")
+COMPUTE_DTYPE = jnp.bfloat16
+PARAM_DTYPE = jnp.float32
+_List = getattr(nnx, "List", list)  # flax >= 0.12 wants module lists wrapped
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """One decoder's sizes. `kv_heads` < `heads` is grouped-query attention."""
+
+  arch: str = "gpt"
+  layers: int = 16
+  d_model: int = 2048
+  heads: int = 16
+  kv_heads: int = 16
+  mlp: int = 8192
+  vocab: int = 32000
+  batch: int = 8
+  seq: int = 2048
+
+  def __post_init__(self):
+    if self.arch not in ARCHS:
+      raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+    if self.d_model % self.heads or self.heads % self.kv_heads:
+      raise ValueError(f"d_model ({self.d_model}) must be a multiple of heads ({self.heads}), "
+                       f"and heads of kv_heads ({self.kv_heads})")
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.heads
+
+  @property
+  def tokens(self) -> int:
+    """Tokens per training step."""
+    return self.batch * self.seq
+
+  @property
+  def train_flops(self) -> int:
+    """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included."""
+    d, hd, t = self.d_model, self.head_dim, self.tokens
+    proj = d * (self.heads + 2 * self.kv_heads) * hd + d * d
+    proj += (2 if self.arch == "gpt" else 3) * d * self.mlp
+    attn = 2 * self.seq * self.heads * hd  # QK^T and PV, causal: half of 2 * S
+    forward = 2 * t * (self.layers * proj + self.vocab * d) + 2 * t * self.layers * attn // 2
+    return 3 * forward
+
+
+SIZES = {
+    # About 0.94B parameters (gpt), 16k tokens per step: fills an H100 80GB.
+    "default": ModelSpec(),
+    # A few seconds on a CPU: the CI size.
+    "small": ModelSpec(layers=2, d_model=256, heads=4, kv_heads=4, mlp=512, vocab=512,
+                       batch=2, seq=32),
+}
+LLAMA_DEFAULTS = dict(kv_heads=4, mlp=5632)
+"""What `for_arch` changes for "llama": 4 KV heads (GQA), SwiGLU width ~2.75 d_model."""
+
+
+def for_arch(spec: ModelSpec, arch: str) -> ModelSpec:
+  """`spec` as the other architecture; "llama" gets GQA and a SwiGLU width scaled from
+  `LLAMA_DEFAULTS` (the default size's 5632 = 2.75 x 2048, in multiples of 128).
+
+  >>> for_arch(SIZES["default"], "llama").mlp
+  5632
+  """
+  if arch == "gpt" or spec.arch == arch:
+    return dataclasses.replace(spec, arch=arch)
+  kv = max(1, spec.heads * LLAMA_DEFAULTS["kv_heads"] // 16)
+  while spec.heads % kv:
+    kv -= 1
+  mlp = max(128, round(spec.d_model * 2.75 / 128) * 128)
+  return dataclasses.replace(spec, arch=arch, kv_heads=kv, mlp=mlp)
+
+
+class Projection(nnx.Module):
+  """`act(x @ kernel + bias) + residual` in the variant's way (see the module doc)."""
+
+  def __init__(self, din: int, dout: int, *, variant: str, use_bias: bool,
+               activation: str | None = None, implementation: str | None = None,
+               rngs: nnx.Rngs):
+    if variant not in VARIANTS:
+      raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    kwargs = dict(use_bias=use_bias, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE,
+                  kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.variant, self.activation = variant, activation
+    if variant == "fused":
+      self.linear = pallas_gemm.flax.Linear(din, dout, activation=activation,
+                                            implementation=implementation, **kwargs)
+    elif variant == "injected":
+      dot_general = pallas_gemm.make_dot_general(implementation=implementation)
+      self.linear = nnx.Linear(din, dout, dot_general=dot_general, **kwargs)
+    else:
+      self.linear = nnx.Linear(din, dout, **kwargs)
+
+  def __call__(self, x, residual=None):
+    if self.variant == "fused":
+      return self.linear(x, residual=residual)
+    y = self.linear(x)
+    if self.activation == "gelu_tanh":
+      y = jax.nn.gelu(y, approximate=True)
+    elif self.activation is not None:
+      raise ValueError(f"unsupported activation {self.activation!r}")
+    return y if residual is None else y + residual
+
+
+def _rotary(x, positions):
+  """Rotary position embedding of (B, S, H, D) `x` (half-split convention), in f32."""
+  half = x.shape[-1] // 2
+  freqs = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float32) / half))
+  angles = positions[:, None].astype(np.float32) * freqs[None]
+  cos, sin = jnp.asarray(np.cos(angles))[:, None], jnp.asarray(np.sin(angles))[:, None]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, spec: ModelSpec, variant: str, rngs: nnx.Rngs,
+               implementation: str | None = None):
+    gpt = spec.arch == "gpt"
+    norm = nnx.LayerNorm if gpt else nnx.RMSNorm
+    self.spec = spec
+    self.norm1 = norm(spec.d_model, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE, rngs=rngs)
+    self.norm2 = norm(spec.d_model, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE, rngs=rngs)
+    qkv_width = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
+    proj = dict(variant=variant, use_bias=gpt, implementation=implementation, rngs=rngs)
+    self.qkv = Projection(spec.d_model, qkv_width, **proj)
+    self.attn_out = Projection(spec.d_model, spec.d_model, **proj)
+    if gpt:
+      self.up = Projection(spec.d_model, spec.mlp, activation="gelu_tanh", **proj)
+    else:
+      self.gate = Projection(spec.d_model, spec.mlp, **proj)
+      self.up = Projection(spec.d_model, spec.mlp, **proj)
+    self.down = Projection(spec.mlp, spec.d_model, **proj)
+
+  def __call__(self, x):
+    s = self.spec
+    b, t, _ = x.shape
+    qkv = self.qkv(self.norm1(x))
+    q, k, v = jnp.split(qkv, [s.heads * s.head_dim, (s.heads + s.kv_heads) * s.head_dim], -1)
+    q = q.reshape(b, t, s.heads, s.head_dim)
+    k = k.reshape(b, t, s.kv_heads, s.head_dim)
+    v = v.reshape(b, t, s.kv_heads, s.head_dim)
+    if s.arch == "llama":
+      positions = np.arange(t)
+      q, k = _rotary(q, positions), _rotary(k, positions)
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    x = self.attn_out(o.reshape(b, t, s.d_model), residual=x)
+    h = self.norm2(x)
+    if s.arch == "gpt":
+      m = self.up(h)
+    else:
+      m = jax.nn.silu(self.gate(h)) * self.up(h)
+    return self.down(m, residual=x)
+
+
+class Decoder(nnx.Module):
+  """Token ids (B, S) -> logits (B, S, vocab) in bf16.
+
+  `implementation` goes to the library's layers ("pallas" lowers the kernels
+  anywhere, e.g. for `jax.export(..., platforms=["cuda"])` on a CPU).
+  """
+
+  def __init__(self, spec: ModelSpec, variant: str, rngs: nnx.Rngs,
+               implementation: str | None = None):
+    self.embed = nnx.Embed(spec.vocab, spec.d_model, dtype=COMPUTE_DTYPE,
+                           param_dtype=PARAM_DTYPE, rngs=rngs)
+    self.blocks = _List([Block(spec, variant, rngs, implementation)
+                         for _ in range(spec.layers)])
+    norm = nnx.LayerNorm if spec.arch == "gpt" else nnx.RMSNorm
+    self.norm = norm(spec.d_model, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE, rngs=rngs)
+    self.head = Projection(spec.d_model, spec.vocab, variant=variant, use_bias=False,
+                           implementation=implementation, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for block in self.blocks:
+      x = block(x)
+    return self.head(self.norm(x))

@@ -1,0 +1,66 @@
+"""`python -m benchmarks.model` at the CPU size: the harness, the models and the
+agreement of the variants' loss curves (every variant runs XLA's GEMMs here)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+
+from benchmarks import model as harness  # noqa: E402
+from benchmarks import models  # noqa: E402
+
+
+def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
+  out = tmp_path / "model.json"
+  assert harness.main(["--size", "small", "--in-process", "--loss-steps", "4", "--rounds", "1",
+                       "--iters", "1", "--decode", "1,8", "--json", str(out)]) == 0
+  results = json.loads(out.read_text())
+  assert set(results["models"]) == {"gpt", "llama"}
+  for arch, result in results["models"].items():
+    rows = result["variants"]
+    assert set(rows) == set(models.VARIANTS)
+    params = {row["params"] for row in rows.values()}
+    assert len(params) == 1, f"{arch}: variants differ in parameter count {params}"
+    for variant, row in rows.items():
+      curve = row["loss_curve"]
+      assert len(curve) == 4 and all(5.0 < x < 8.0 for x in curve), (arch, variant, curve)
+      # bf16 compute: the fused epilogue rounds once where XLA rounds twice.
+      assert row["loss_max_diff"] < 2e-2, (arch, variant, row["loss_max_diff"])
+      assert row["step_ms"] > 0 and row["tokens_per_s"] > 0
+      assert set(row["inference"]) == {"prefill", "decode1", "decode8"}
+  table = capsys.readouterr().out.splitlines()
+  assert table[-1].startswith("x XLA") and sum(line.startswith(("gpt", "llama"))
+                                               for line in table[-8:]) == 6
+
+
+def test_cold_compile_runs_in_a_fresh_process(tmp_path):
+  spec = models.SIZES["small"]
+  reports = harness.cold_compiles(spec, ("xla", "fused"), str(tmp_path), log=lambda *_: None)
+  for variant, report in reports.items():
+    assert "error" not in report, report
+    assert report["compile_s"] > 0 and report["lower_s"] > 0
+  assert any(tmp_path.iterdir()), "the persistent compilation cache stayed empty"
+
+
+def test_kernel_groups():
+  assert harness.kernel_group("pallas_gemm_dpre") == "elementwise"
+  assert harness.kernel_group("pallas_gemm_gemm") == "gemm"
+  assert harness.kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+  assert harness.kernel_group("loop_multiply_fusion") == "elementwise"
+  summary = harness.group_kernels([("pallas_gemm_gemm", 10.0), ("input_reduce_fusion", 2.0),
+                                   ("pallas_gemm_gemm", 5.0)])
+  assert summary["groups"]["gemm"] == 15.0 and summary["launches"] == 3
+
+
+@pytest.mark.parametrize("arch", models.ARCHS)
+def test_default_size_is_about_a_billion_parameters(arch):
+  from flax import nnx
+
+  spec = models.for_arch(models.SIZES["default"], arch)
+  abstract = nnx.eval_shape(lambda: models.Decoder(spec, "xla", nnx.Rngs(0)))
+  params = harness.count_params(nnx.state(abstract, nnx.Param))
+  assert 0.8e9 < params < 1.1e9, params
+  assert spec.tokens == 16384 and spec.train_flops > 6 * params * spec.tokens
+
