@@ -160,11 +160,16 @@ def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
   build_s = time.perf_counter() - t0
   (tokens, labels), = batches(spec, 1)
   compiled, stats = compile_step(step, params, opt_state, rest, tokens, labels)
-  for _ in range(steps):
-    params, opt_state, loss = compiled(params, opt_state, rest, tokens, labels)
-  jax.block_until_ready(loss)
-  return dict(variant=variant, build_s=build_s, **stats, peak_bytes=peak_memory_bytes(),
-              loss=float(loss))
+  report = dict(variant=variant, build_s=build_s, **stats,
+                cache_files=len(os.listdir(cache_dir)) if cache_dir else None)
+  print(json.dumps(report), flush=True)  # the compile report survives a failed run
+  try:
+    for _ in range(steps):
+      params, opt_state, loss = compiled(params, opt_state, rest, tokens, labels)
+    report.update(peak_bytes=peak_memory_bytes(), loss=float(loss))
+  except jax.errors.JaxRuntimeError as e:
+    report.update(run_error=str(e)[:300])
+  return report
 
 
 def cold_compiles(spec, variants, cache_dir: str | None, log) -> dict:
@@ -177,7 +182,7 @@ def cold_compiles(spec, variants, cache_dir: str | None, log) -> dict:
       cmd += ["--cache-dir", cache_dir]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
+    if proc.returncode or not proc.stdout.strip():
       log(f"  cold compile of {variant} failed:\n{proc.stderr[-3000:]}")
       reports[variant] = dict(variant=variant, error=proc.stderr[-500:])
       continue
@@ -186,7 +191,8 @@ def cold_compiles(spec, variants, cache_dir: str | None, log) -> dict:
     r = reports[variant]
     log(f"  cold {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
         f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
-        f"{_gib(r['peak_bytes'])}")
+        f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}"
+        + (f"  run failed: {r['run_error']}" if "run_error" in r else ""))
   return reports
 
 
@@ -373,6 +379,7 @@ def run_model(spec, variants, args, log) -> dict:
   cold = {} if args.in_process else cold_compiles(spec, variants, cache_dir, log)
   if cache_dir:
     enable_persistent_cache(cache_dir)
+    log(f"  persistent cache: {len(os.listdir(cache_dir))} files")
   run = Run(spec, variants, args.loss_steps, log)
   run.compile()
   for variant in variants:
@@ -450,13 +457,15 @@ def main(argv=None) -> int:
   log(f"jax {jax.__version__}, {device.device_kind} ({device.platform}); step: wall-clock "
       "median, variants interleaved; kernels: CUPTI, one step")
   variants = tuple(args.variants.split(","))
-  results = {spec.arch: run_model(spec, variants, args, log) for spec in specs_from(args)}
   meta = dict(jax=jax.__version__, device=device.device_kind,
               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(meta=meta, models=results), f, indent=1)
-  log(table(results))
+  results = {}
+  for spec in specs_from(args):
+    results[spec.arch] = run_model(spec, variants, args, log)
+    if args.json:  # after each model: a run cut short keeps what it measured
+      with open(args.json, "w") as f:
+        json.dump(dict(meta=meta, models=results), f, indent=1)
+    log(table(results))
   return 0
 
 
