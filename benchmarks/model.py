@@ -172,27 +172,36 @@ def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
   return report
 
 
-def cold_compiles(spec, variants, cache_dir: str | None, log) -> dict:
-  """{variant: worker report} from one fresh `python -m benchmarks.model --worker` each."""
+def _worker_process(spec, variant, cache_dir, log) -> dict:
+  cmd = [sys.executable, "-m", "benchmarks.model", "--worker", variant,
+         "--spec", json.dumps(dataclasses.asdict(spec))]
+  if cache_dir:
+    cmd += ["--cache-dir", cache_dir]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode or not proc.stdout.strip():
+    log(f"  worker for {variant} failed:\n{proc.stderr[-3000:]}")
+    return dict(variant=variant, error=proc.stderr[-500:])
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  report["process_s"] = time.perf_counter() - t0
+  return report
+
+
+def fresh_compiles(spec, variants, cache_dir: str | None, log) -> dict:
+  """{variant: {"cold": report, "warm": report}}: each variant's training step
+  compiled in a fresh process (`worker`), first with the persistent cache at
+  `cache_dir` empty of it, then again, in another fresh process, from that cache."""
   reports = {}
   for variant in variants:
-    cmd = [sys.executable, "-m", "benchmarks.model", "--worker", variant,
-           "--spec", json.dumps(dataclasses.asdict(spec))]
-    if cache_dir:
-      cmd += ["--cache-dir", cache_dir]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode or not proc.stdout.strip():
-      log(f"  cold compile of {variant} failed:\n{proc.stderr[-3000:]}")
-      reports[variant] = dict(variant=variant, error=proc.stderr[-500:])
-      continue
-    reports[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
-    reports[variant]["process_s"] = time.perf_counter() - t0
-    r = reports[variant]
-    log(f"  cold {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
-        f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
-        f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}"
-        + (f"  run failed: {r['run_error']}" if "run_error" in r else ""))
+    reports[variant] = {}
+    for kind in ("cold", "warm") if cache_dir else ("cold",):
+      r = reports[variant][kind] = _worker_process(spec, variant, cache_dir, log)
+      if "error" in r:
+        continue
+      log(f"  {kind} {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
+          f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
+          f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}"
+          + (f"  run failed: {r['run_error']}" if "run_error" in r else ""))
   return reports
 
 
@@ -230,45 +239,62 @@ def _gib(x):
 
 
 class Run:
-  """Every variant's state for one model spec, in one process."""
+  """Every variant of one model spec in one process, sharing one training state.
+
+  The variants' parameters have one structure and one initial value, so one
+  (params, opt_state) flows through whichever variant's step runs: the device
+  holds one state, not one per variant (three would not fit beside the
+  default model's 38 GB of step temporaries). Each loss curve starts again
+  from the initial parameters (kept on the host).
+  """
 
   def __init__(self, spec, variants, loss_steps: int, log):
     self.spec, self.variants, self.log = spec, variants, log
     self.batches = batches(spec, max(loss_steps, 1))
-    self.state, self.steps, self.forwards, self.rows = {}, {}, {}, {}
-    reference = None
+    self.steps, self.forwards, self.rows = {}, {}, {}
+    initial = None
     for variant in variants:
       graphdef, params, rest = build(spec, variant)
-      if reference is None:
-        reference = params
-      elif jax.tree.map(lambda x: x.shape, params) != jax.tree.map(lambda x: x.shape, reference):
-        raise AssertionError(f"{variant}'s parameters differ in structure from {variants[0]}'s")
-      step, tx = make_train_step(graphdef)
-      self.state[variant] = [params, tx.init(params), rest]
+      host = jax.device_get(params)
+      if initial is None:
+        initial, self.rest, treedef = host, rest, jax.tree.structure(params)
+      elif jax.tree.structure(params) != treedef or not all(
+          np.array_equal(x, y) for x, y in zip(jax.tree.leaves(host), jax.tree.leaves(initial))):
+        raise AssertionError(f"{variant}'s parameters differ from {variants[0]}'s")
+      del params
+      step, self.tx = make_train_step(graphdef)
       self.steps[variant] = step
       self.forwards[variant] = make_forward(graphdef)
-      self.rows[variant] = dict(variant=variant, params=count_params(params))
+      self.rows[variant] = dict(variant=variant, params=count_params(host))
+    self.initial = initial
+    self.restart()
+
+  def restart(self):
+    """The shared state back at the initial parameters and a fresh optimizer."""
+    params = jax.device_put(self.initial)
+    self.state = [params, self.tx.init(params)]
 
   def compile(self):
     tokens, labels = self.batches[0]
     for variant in self.variants:
-      compiled, stats = compile_step(self.steps[variant], *self.state[variant], tokens, labels)
+      compiled, stats = compile_step(self.steps[variant], *self.state, self.rest, tokens, labels)
       self.steps[variant] = compiled
-      self.rows[variant]["warm"] = stats
+      self.rows[variant]["in_process"] = stats
       memory = compiled.memory_analysis()
       if memory is not None:
         self.rows[variant]["temp_bytes"] = int(memory.temp_size_in_bytes)
-      self.log(f"  warm {variant:9s} lower {stats['lower_s']:6.1f} s  compile "
+      self.log(f"  this process {variant:9s} lower {stats['lower_s']:6.1f} s  compile "
                f"{stats['compile_s']:6.1f} s  kernels {stats['kernels']}")
 
   def _step(self, variant, tokens, labels):
-    params, opt_state, rest = self.state[variant]
-    params, opt_state, loss = self.steps[variant](params, opt_state, rest, tokens, labels)
-    self.state[variant] = [params, opt_state, rest]
+    params, opt_state = self.state
+    params, opt_state, loss = self.steps[variant](params, opt_state, self.rest, tokens, labels)
+    self.state = [params, opt_state]
     return loss
 
   def losses(self):
     for variant in self.variants:
+      self.restart()
       curve = [self._step(variant, *batch) for batch in self.batches]
       self.rows[variant]["loss_curve"] = [float(x) for x in jax.device_get(curve)]
     ref = np.asarray(self.rows[self.variants[0]]["loss_curve"])
@@ -294,10 +320,9 @@ class Run:
   def breakdown(self):
     tokens, labels = self.batches[0]
     for variant in self.variants:
-      params, opt_state, rest = self.state[variant]
       (params, opt_state, _), kernels = step_kernels(
-          self.steps[variant], params, opt_state, rest, tokens, labels)
-      self.state[variant] = [params, opt_state, rest]
+          self.steps[variant], *self.state, self.rest, tokens, labels)
+      self.state = [params, opt_state]
       self.rows[variant]["kernels"] = group_kernels(kernels)
 
   def inference(self, decode_tokens, rounds: int, iters: int):
@@ -306,8 +331,8 @@ class Run:
       cases[f"decode{t}"] = jnp.zeros((t, 1), jnp.int32)
     for case, tokens in cases.items():
       compiled = {}
+      params, rest = self.state[0], self.rest
       for variant in self.variants:
-        params, _, rest = self.state[variant]
         t0 = time.perf_counter()
         compiled[variant] = self.forwards[variant].lower(params, rest, tokens).compile()
         self.rows[variant].setdefault("inference", {})[case] = dict(
@@ -315,7 +340,6 @@ class Run:
       samples = {v: [] for v in self.variants}
       for _ in range(rounds):
         for variant in self.variants:
-          params, _, rest = self.state[variant]
           jax.block_until_ready(compiled[variant](params, rest, tokens))
           for _ in range(iters):
             t0 = time.perf_counter()
@@ -341,7 +365,7 @@ def table(results) -> str:
       cold = row.get("cold", {})
       cold_s = cold.get("lower_s", 0) + cold.get("compile_s", 0) if "lower_s" in cold else None
       xla_cold = xla.get("cold", {})
-      xla_cold_s = xla_cold.get("lower_s", 0) + xla_cold.get("compile_s", 0) if xla_cold else None
+      xla_cold_s = (xla_cold["lower_s"] + xla_cold["compile_s"]) if "lower_s" in xla_cold else None
       warm = row.get("warm", {})
       groups = row.get("kernels", {}).get("groups", {})
       inf = row.get("inference", {})
@@ -353,8 +377,8 @@ def table(results) -> str:
       lines.append(
           f"{arch:6s} {variant:9s} {_num(cold_s, 14, 1)} "
           f"{_num(cold_s / xla_cold_s if cold_s and xla_cold_s else None, 6, 2)} "
-          f"{_num(warm.get('lower_s', 0) + warm.get('compile_s', 0) if warm else None, 7, 1)} "
-          f"{warm.get('kernels', 0):4d} {_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
+          f"{_num(warm['lower_s'] + warm['compile_s'] if 'lower_s' in warm else None, 7, 1)} "
+          f"{row.get('in_process', {}).get('kernels', 0):4d} {_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
           f"{_num(row.get('tokens_per_s'), 9, 0)} "
           f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
           f"{_num(row.get('loss_max_diff'), 9, 5)} "
@@ -376,14 +400,14 @@ def _num(x, width, digits):
 def run_model(spec, variants, args, log) -> dict:
   log(f"== {spec.arch}: {spec}")
   cache_dir = None if args.no_cache else tempfile.mkdtemp(prefix="pallas-gemm-jax-cache-")
-  cold = {} if args.in_process else cold_compiles(spec, variants, cache_dir, log)
+  fresh = {} if args.in_process else fresh_compiles(spec, variants, cache_dir, log)
   if cache_dir:
     enable_persistent_cache(cache_dir)
     log(f"  persistent cache: {len(os.listdir(cache_dir))} files")
   run = Run(spec, variants, args.loss_steps, log)
   run.compile()
   for variant in variants:
-    run.rows[variant]["cold"] = cold.get(variant, {})
+    run.rows[variant].update(fresh.get(variant, {}))
   run.losses()
   run.time_steps(args.rounds, args.iters)
   if _on_gpu():

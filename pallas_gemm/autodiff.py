@@ -62,6 +62,8 @@ from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import autotune as autotune_lib
+from pallas_gemm import compile_once
 from pallas_gemm import dpre
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
@@ -103,7 +105,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
       alpha=float(alpha), beta=float(beta), out_scale=out_scale, config=config,
       clamp=tuple(clamp) if isinstance(clamp, list) else clamp, autotune=autotune)
-  return _matmul(call, a, b, bias, c, row_bias, residual)
+  if autotune_lib.tuning_requested(autotune) and not autotune_lib.in_trace(a, b):
+    return _matmul(call, a, b, bias, c, row_bias, residual)  # eager: may tune on the operands
+  return _matmul_once(call, a, b, bias, c, row_bias, residual)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -190,6 +194,10 @@ def _bwd(call, saved, g):
 
 _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
+_matmul_once = compile_once.kernel_entry(_matmul, static_argnums=(0,))
+"""`_matmul` traced once per (call, operand types) in a program, forward and backward:
+jax transforms the one cached jaxpr at every call site (`compile_once`)."""
+
 
 def _tail(call, pre, residual):
   """The epilogue after the affine part, in f32: clamp(act(pre) + residual)."""
@@ -245,7 +253,7 @@ def _fused_dpre(call, pre, g):
   interpret = call.implementation == "interpret"
   d_acc, sums = dpre.dpre_and_column_sums(
       pre.reshape(-1, pre.shape[-1]), g.reshape(-1, g.shape[-1]),
-      epilogue_lib.ACTIVATION_SLOPES[call.activation],
+      slope=epilogue_lib.ACTIVATION_SLOPES[call.activation],
       num_sms=dpre.INTERPRET_SMS if interpret else None,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
   return d_acc.reshape(pre.shape), jnp.sum(sums, axis=0)

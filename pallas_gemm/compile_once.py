@@ -36,14 +36,16 @@ from typing import Callable, Iterable
 import jax
 
 
-def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
-  """`fn` as a `jax.jit` function keyed on `static_argnames` (hashable values).
+def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str] = (),
+                 static_argnums: Iterable[int] = ()):
+  """`fn` as a `jax.jit` function keyed on its static arguments (hashable values).
 
   Every other argument must be an array or None. Usable as `@kernel_entry(static_argnames=...)`.
   """
   if fn is None:
-    return functools.partial(kernel_entry, static_argnames=static_argnames)
-  return jax.jit(fn, static_argnames=tuple(static_argnames))
+    return functools.partial(kernel_entry, static_argnames=static_argnames,
+                             static_argnums=static_argnums)
+  return jax.jit(fn, static_argnames=tuple(static_argnames), static_argnums=tuple(static_argnums))
 
 
 def module_kernel_count(lowered_text: str, target: str = "mosaic_gpu") -> int:

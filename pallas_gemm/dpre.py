@@ -15,7 +15,7 @@ each CTA keeps `stages` units' loads in flight and double-buffers its stores.
 >>> import jax, jax.numpy as jnp
 >>> step = lambda x: jnp.where(x > 0, 1.0, 0.0)  # relu's derivative
 >>> pre = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
->>> f = jax.jit(lambda p, g: dpre_and_column_sums(p, g, step, num_sms=2))
+>>> f = jax.jit(lambda p, g: dpre_and_column_sums(p, g, slope=step, num_sms=2))
 >>> [o.shape for o in jax.export.export(f, platforms=["cuda"])(pre, pre).out_avals]
 [(256, 256), (4, 256)]
 """
@@ -126,7 +126,7 @@ def _kernel(pre_gmem, g_gmem, d_gmem, sums_gmem, *, slope, p: _Plan):
 
 
 @compile_once.kernel_entry(static_argnames=("slope", "num_sms", "interpret"))
-def dpre_and_column_sums(pre, g, slope, *, num_sms=None, interpret=None):
+def dpre_and_column_sums(pre, g, *, slope, num_sms=None, interpret=None):
   """(d_acc, sums): `g * slope(pre)` in `pre`'s dtype, and its f32 column sums
   per 64-row tile ((ceil(R / 64), N); sum axis 0 for the bias gradient).
 
@@ -142,7 +142,7 @@ def dpre_and_column_sums(pre, g, slope, *, num_sms=None, interpret=None):
     # GPU interpret mode (jax 0.10) drops partially out-of-bounds stores and refuses
     # out-of-bounds reads: run whole row tiles (zero rows add nothing to the sums).
     pad = ((0, -rows % BLOCK_M), (0, 0))
-    d, sums = dpre_and_column_sums(jnp.pad(pre, pad), jnp.pad(g, pad), slope,
+    d, sums = dpre_and_column_sums(jnp.pad(pre, pad), jnp.pad(g, pad), slope=slope,
                                    num_sms=num_sms, interpret=interpret)
     return d[:rows], sums
   num_sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS

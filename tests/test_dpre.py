@@ -32,7 +32,7 @@ def test_interpret_matches_float64(rows, cols, name):
   pre = jnp.asarray(rng.standard_normal((rows, cols)), jnp.bfloat16)
   g = jnp.asarray(rng.standard_normal((rows, cols)), jnp.bfloat16)
   d, sums = dpre.dpre_and_column_sums(
-      pre, g, epilogue.ACTIVATION_SLOPES[name], num_sms=dpre.INTERPRET_SMS,
+      pre, g, slope=epilogue.ACTIVATION_SLOPES[name], num_sms=dpre.INTERPRET_SMS,
       interpret=_compat.interpret_params(zero_fill=False))
   x = np.asarray(pre, np.float64)
   ref = np.asarray(g, np.float64) * np.asarray(
@@ -58,4 +58,4 @@ def test_supported_shapes(shape, dtype, ok):
 def test_unsupported_input_names_the_rule():
   x = jnp.ones((256, 200), jnp.bfloat16)
   with pytest.raises(ValueError, match="N a multiple of 128"):
-    dpre.dpre_and_column_sums(x, x, epilogue.ACTIVATION_SLOPES["relu"])
+    dpre.dpre_and_column_sums(x, x, slope=epilogue.ACTIVATION_SLOPES["relu"])
