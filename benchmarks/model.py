@@ -326,12 +326,15 @@ class Run:
       self.rows[variant]["kernels"] = group_kernels(kernels)
 
   def inference(self, decode_tokens, rounds: int, iters: int):
+    """Forward passes with the weights in bf16, as they are served (f32 master weights
+    would make every variant stream 4-byte weights and convert them first)."""
     cases = {"prefill": self.batches[0][0]}
     for t in decode_tokens:
       cases[f"decode{t}"] = jnp.zeros((t, 1), jnp.int32)
     for case, tokens in cases.items():
       compiled = {}
-      params, rest = self.state[0], self.rest
+      params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.state[0])
+      rest = self.rest
       for variant in self.variants:
         t0 = time.perf_counter()
         compiled[variant] = self.forwards[variant].lower(params, rest, tokens).compile()
@@ -461,6 +464,8 @@ def specs_from(args):
   overrides = {f: getattr(args, f) for f in ("layers", "d_model", "heads", "kv_heads", "mlp",
                                              "vocab", "batch", "seq")
                if getattr(args, f) is not None}
+  if _on_gpu():  # flash attention, as a real model runs it; jax's own pick is XLA's
+    overrides.setdefault("attention", "cudnn")
   out = []
   for arch in args.arch.split(","):
     spec = models.for_arch(base, arch)

@@ -57,6 +57,9 @@ class ModelSpec:
   vocab: int = 32000
   batch: int = 8
   seq: int = 2048
+  attention: str | None = None
+  """`jax.nn.dot_product_attention`'s implementation: "cudnn" (flash attention, the
+  harness's choice on a GPU), "xla", or None (jax's pick)."""
 
   def __post_init__(self):
     if self.arch not in ARCHS:
@@ -187,7 +190,7 @@ class Block(nnx.Module):
     if s.arch == "llama":
       positions = np.arange(t)
       q, k = _rotary(q, positions), _rotary(k, positions)
-    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=s.attention)
     x = self.attn_out(o.reshape(b, t, s.d_model), residual=x)
     h = self.norm2(x)
     if s.arch == "gpt":

@@ -528,6 +528,14 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
   return None
 
 
+def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> str:
+  """The kernel's symbol in profiles: problem and layout, e.g. `pallas_gemm_4096x512x64_NT`."""
+  layout = ("T" if problem.transpose_a else "N") + ("T" if problem.transpose_b else "N")
+  batch = f"{problem.batch}x" if problem.batch > 1 else ""
+  act = f"_{epilogue.activation}" if epilogue.activation else ""
+  return f"pallas_gemm_{batch}{problem.m}x{problem.n}x{problem.k}_{layout}{act}"
+
+
 def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalars=None,
                 row_scale=None, col_scale=None, valid_n=None,
                 problem: GemmProblem, config: GemmConfig,
@@ -621,7 +629,7 @@ def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale,
   if config.cluster_size > 1:
     cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
   kernel = plgpu.kernel(
-      compile_once.named_body("pallas_gemm_gemm", _kernel, p=plan),
+      compile_once.named_body(_kernel_name(problem, epilogue), _kernel, p=plan),
       out_type=out_type if len(out_type) > 1 else out_type[0],
       grid=(num_sms // config.cluster_size,),
       grid_names=("sm",),

@@ -48,7 +48,7 @@ def test_cold_and_warm_compiles_run_in_fresh_processes(tmp_path):
 
 def test_kernel_groups():
   assert harness.kernel_group("pallas_gemm_dpre") == "elementwise"
-  assert harness.kernel_group("pallas_gemm_gemm") == "gemm"
+  assert harness.kernel_group("pallas_gemm_16384x2048x8192_NN") == "gemm"
   assert harness.kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
   assert harness.kernel_group("loop_multiply_fusion") == "elementwise"
   summary = harness.group_kernels([("pallas_gemm_gemm", 10.0), ("input_reduce_fusion", 2.0),
