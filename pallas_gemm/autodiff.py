@@ -62,8 +62,6 @@ from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
-from pallas_gemm import autotune as autotune_lib
-from pallas_gemm import compile_once
 from pallas_gemm import dpre
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
@@ -105,9 +103,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
       alpha=float(alpha), beta=float(beta), out_scale=out_scale, config=config,
       clamp=tuple(clamp) if isinstance(clamp, list) else clamp, autotune=autotune)
-  if autotune_lib.tuning_requested(autotune) and not autotune_lib.in_trace(a, b):
-    return _matmul(call, a, b, bias, c, row_bias, residual)  # eager: may tune on the operands
-  return _matmul_once(call, a, b, bias, c, row_bias, residual)
+  return _matmul(call, a, b, bias, c, row_bias, residual)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -193,10 +189,6 @@ def _bwd(call, saved, g):
 
 
 _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
-
-_matmul_once = compile_once.kernel_entry(_matmul, static_argnums=(0,))
-"""`_matmul` traced once per (call, operand types) in a program, forward and backward:
-jax transforms the one cached jaxpr at every call site (`compile_once`)."""
 
 
 def _tail(call, pre, residual):
