@@ -27,3 +27,12 @@ def test_readme_examples():
     result = doctest.testfile(str(readme), module_relative=False,
                               optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", ["pallas_gemm.compile_once", "benchmarks.models", "benchmarks.model"])
+def test_docstring_examples_of_model_modules(name):
+    if name.startswith("benchmarks.model"):
+        pytest.importorskip("flax")
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.attempted > 0 and result.failed == 0, name
