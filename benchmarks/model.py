@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -222,6 +223,20 @@ def step_kernels(fn, *args):
   return results, [(name, 1e3 * ms) for name, ms in timings or ()]
 
 
+def interleaved(calls: dict, rounds: int, iters: int) -> dict:
+  """{name: wall-clock ms of each timed call}: every call warmed up, then timed `iters`
+  times, the names taking turns in `rounds` rounds."""
+  samples = {name: [] for name in calls}
+  for _ in range(rounds):
+    for name, call in calls.items():
+      jax.block_until_ready(call())
+      for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        samples[name].append(1e3 * (time.perf_counter() - t0))
+  return samples
+
+
 def group_kernels(kernels) -> dict:
   """{group: µs} and the top kernels of one step."""
   totals = {g: 0.0 for g in GROUPS}
@@ -303,15 +318,9 @@ class Run:
       self.rows[variant]["loss_max_diff"] = float(np.max(np.abs(curve - ref)))
 
   def time_steps(self, rounds: int, iters: int):
-    samples = {v: [] for v in self.variants}
     tokens, labels = self.batches[0]
-    for _ in range(rounds):
-      for variant in self.variants:
-        jax.block_until_ready(self._step(variant, tokens, labels))
-        for _ in range(iters):
-          t0 = time.perf_counter()
-          jax.block_until_ready(self._step(variant, tokens, labels))
-          samples[variant].append(1e3 * (time.perf_counter() - t0))
+    samples = interleaved({v: (lambda v=v: self._step(v, tokens, labels)) for v in self.variants},
+                          rounds, iters)
     for variant, times in samples.items():
       med = statistics.median(times)
       self.rows[variant].update(step_ms=med, step_min_ms=min(times), step_samples=len(times),
@@ -331,23 +340,16 @@ class Run:
     cases = {"prefill": self.batches[0][0]}
     for t in decode_tokens:
       cases[f"decode{t}"] = jnp.zeros((t, 1), jnp.int32)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.state[0])
     for case, tokens in cases.items():
       compiled = {}
-      params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.state[0])
-      rest = self.rest
       for variant in self.variants:
         t0 = time.perf_counter()
-        compiled[variant] = self.forwards[variant].lower(params, rest, tokens).compile()
+        compiled[variant] = self.forwards[variant].lower(params, self.rest, tokens).compile()
         self.rows[variant].setdefault("inference", {})[case] = dict(
             tokens=int(tokens.size), compile_s=time.perf_counter() - t0)
-      samples = {v: [] for v in self.variants}
-      for _ in range(rounds):
-        for variant in self.variants:
-          jax.block_until_ready(compiled[variant](params, rest, tokens))
-          for _ in range(iters):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled[variant](params, rest, tokens))
-            samples[variant].append(1e3 * (time.perf_counter() - t0))
+      samples = interleaved({v: functools.partial(compiled[v], params, self.rest, tokens)
+                             for v in self.variants}, rounds, iters)
       for variant, times in samples.items():
         self.rows[variant]["inference"][case]["ms"] = statistics.median(times)
 
@@ -366,10 +368,7 @@ def table(results) -> str:
     xla = rows.get("xla", {})
     for variant, row in rows.items():
       cold = row.get("cold", {})
-      cold_s = cold.get("lower_s", 0) + cold.get("compile_s", 0) if "lower_s" in cold else None
-      xla_cold = xla.get("cold", {})
-      xla_cold_s = (xla_cold["lower_s"] + xla_cold["compile_s"]) if "lower_s" in xla_cold else None
-      warm = row.get("warm", {})
+      cold_s, xla_cold_s = _compile_s(cold), _compile_s(xla.get("cold", {}))
       groups = row.get("kernels", {}).get("groups", {})
       inf = row.get("inference", {})
       decode = "/".join(f"{xla['inference'][c]['ms'] / inf[c]['ms']:.2f}"
@@ -380,8 +379,9 @@ def table(results) -> str:
       lines.append(
           f"{arch:6s} {variant:9s} {_num(cold_s, 14, 1)} "
           f"{_num(cold_s / xla_cold_s if cold_s and xla_cold_s else None, 6, 2)} "
-          f"{_num(warm['lower_s'] + warm['compile_s'] if 'lower_s' in warm else None, 7, 1)} "
-          f"{row.get('in_process', {}).get('kernels', 0):4d} {_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
+          f"{_num(_compile_s(row.get('warm', {})), 7, 1)} "
+          f"{row.get('in_process', {}).get('kernels', 0):4d} "
+          f"{_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
           f"{_num(row.get('tokens_per_s'), 9, 0)} "
           f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
           f"{_num(row.get('loss_max_diff'), 9, 5)} "
@@ -394,6 +394,11 @@ def table(results) -> str:
                           .get("xla", {}).get("inference", {}) if c.startswith("decode"))
                + " tokens)")
   return "\n".join(lines)
+
+
+def _compile_s(report):
+  """lower + compile seconds of a worker report, None if it has none."""
+  return report["lower_s"] + report["compile_s"] if "lower_s" in report else None
 
 
 def _num(x, width, digits):

@@ -36,16 +36,15 @@ from typing import Callable, Iterable
 import jax
 
 
-def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str] = (),
-                 static_argnums: Iterable[int] = ()):
-  """`fn` as a `jax.jit` function keyed on its static arguments (hashable values).
+def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
+  """`fn` as a `jax.jit` function keyed on `static_argnames` (hashable values).
 
-  Every other argument must be an array or None. Usable as `@kernel_entry(static_argnames=...)`.
+  Every other argument must be an array or None; pass the static ones by keyword.
+  Usable as `@kernel_entry(static_argnames=...)`.
   """
   if fn is None:
-    return functools.partial(kernel_entry, static_argnames=static_argnames,
-                             static_argnums=static_argnums)
-  return jax.jit(fn, static_argnames=tuple(static_argnames), static_argnums=tuple(static_argnums))
+    return functools.partial(kernel_entry, static_argnames=static_argnames)
+  return jax.jit(fn, static_argnames=tuple(static_argnames))
 
 
 def module_kernel_count(lowered_text: str, target: str = "mosaic_gpu") -> int:

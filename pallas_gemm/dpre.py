@@ -131,7 +131,8 @@ def dpre_and_column_sums(pre, g, *, slope, num_sms=None, interpret=None):
   per 64-row tile ((ceil(R / 64), N); sum axis 0 for the bias gradient).
 
   `slope` is the derivative of the elementwise activation, an f32 function
-  (`epilogue.ACTIVATION_SLOPES`; hashable: it keys the kernel, `compile_once`). Requires `supported(pre.shape, pre.dtype)`; `g` is like `pre`.
+  (`epilogue.ACTIVATION_SLOPES`; hashable: it keys the kernel, `compile_once`).
+  Requires `supported(pre.shape, pre.dtype)`; `g` is like `pre`.
   """
   if not supported(pre.shape, pre.dtype) or g.shape != pre.shape or g.dtype != pre.dtype:
     raise ValueError(f"dpre_and_column_sums: pre {pre.shape} {pre.dtype} and g {g.shape} "
