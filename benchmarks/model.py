@@ -223,17 +223,20 @@ def step_kernels(fn, *args):
   return results, [(name, 1e3 * ms) for name, ms in timings or ()]
 
 
-def interleaved(calls: dict, rounds: int, iters: int) -> dict:
-  """{name: wall-clock ms of each timed call}: every call warmed up, then timed `iters`
-  times, the names taking turns in `rounds` rounds."""
+def interleaved(calls: dict, rounds: int, iters: int, chain: int = 1) -> dict:
+  """{name: wall-clock ms per call}: every call warmed up, then timed `iters` times, the
+  names taking turns in `rounds` rounds. With `chain` > 1 each sample dispatches `chain`
+  calls before it blocks (the host runs ahead, as in a training loop) and is divided by
+  `chain`; with 1 every call's host-side dispatch is in its time."""
   samples = {name: [] for name in calls}
   for _ in range(rounds):
     for name, call in calls.items():
       jax.block_until_ready(call())
       for _ in range(iters):
         t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        samples[name].append(1e3 * (time.perf_counter() - t0))
+        outs = [call() for _ in range(chain)]
+        jax.block_until_ready(outs)
+        samples[name].append(1e3 * (time.perf_counter() - t0) / chain)
   return samples
 
 
@@ -317,14 +320,19 @@ class Run:
       curve = np.asarray(self.rows[variant]["loss_curve"])
       self.rows[variant]["loss_max_diff"] = float(np.max(np.abs(curve - ref)))
 
-  def time_steps(self, rounds: int, iters: int):
+  def time_steps(self, rounds: int, iters: int, chain: int):
+    """Step time as a training loop sees it (`chain` steps dispatched before one block)
+    and with a block after every step (host-side dispatch exposed)."""
     tokens, labels = self.batches[0]
-    samples = interleaved({v: (lambda v=v: self._step(v, tokens, labels)) for v in self.variants},
-                          rounds, iters)
-    for variant, times in samples.items():
-      med = statistics.median(times)
-      self.rows[variant].update(step_ms=med, step_min_ms=min(times), step_samples=len(times),
-                                tokens_per_s=self.spec.tokens / (med * 1e-3))
+    calls = {v: (lambda v=v: self._step(v, tokens, labels)) for v in self.variants}
+    pipelined = interleaved(calls, rounds, iters, chain)
+    blocked = interleaved(calls, rounds, iters)
+    for variant in self.variants:
+      med = statistics.median(pipelined[variant])
+      self.rows[variant].update(
+          step_ms=med, step_min_ms=min(pipelined[variant]), step_chain=chain,
+          step_samples=len(pipelined[variant]), tokens_per_s=self.spec.tokens / (med * 1e-3),
+          step_blocked_ms=statistics.median(blocked[variant]))
 
   def breakdown(self):
     tokens, labels = self.batches[0]
@@ -333,6 +341,27 @@ class Run:
           self.steps[variant], *self.state, self.rest, tokens, labels)
       self.state = [params, opt_state]
       self.rows[variant]["kernels"] = group_kernels(kernels)
+
+  def timeline(self, chain: int):
+    """`chain` steps per variant traced back to back: the GPU's busy and idle time per
+    step, and what borders the idle gaps."""
+    from benchmarks import timeline
+
+    tokens, labels = self.batches[0]
+    for variant in self.variants:
+      jax.block_until_ready(self._step(variant, tokens, labels))
+      _, events, host = timeline.capture(
+          lambda: [self._step(variant, tokens, labels) for _ in range(chain)])
+      report = timeline.idle_report(events)
+      report.update(steps=chain, host_top=timeline.top_host(host),
+                    span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain)
+      self.rows[variant]["timeline"] = report
+      self.log(f"  {variant:9s} timeline of {chain} steps, per step: span "
+               f"{report['span_ms_per_step']:.2f} ms, busy {report['busy_us'] / 1e3 / chain:.2f} "
+               f"ms, idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
+               + ", ".join(f"{k} {v['us'] / 1e3 / chain:.2f} ms"
+                           for k, v in report["gaps_before"].items())
+               + f"; largest {report['largest'][:3]}")
 
   def inference(self, decode_tokens, rounds: int, iters: int):
     """Forward passes with the weights in bf16, as they are served (f32 master weights
@@ -359,7 +388,7 @@ def table(results) -> str:
   """The printed table: one line per (model, variant), ratios against XLA."""
   lines = []
   head = (f"{'model':6s} {'variant':9s} {'cold compile s':>14s} {'x XLA':>6s} {'warm s':>7s} "
-          f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'tok/s':>9s} {'peak GiB':>8s} "
+          f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'blocked':>7s} {'tok/s':>9s} {'peak GiB':>8s} "
           f"{'loss diff':>9s} {'GEMM ms':>8s} {'attn ms':>7s} {'elem ms':>7s} {'other ms':>8s} "
           f"{'prefill':>8s} {'decode':>16s}")
   lines.append(head)
@@ -376,12 +405,13 @@ def table(results) -> str:
       prefill = (f"{xla['inference']['prefill']['ms'] / inf['prefill']['ms']:.3f}"
                  if "inference" in xla and "prefill" in inf else "-")
       ratio = xla.get("step_ms", float("nan")) / row.get("step_ms", float("nan"))
+      blocked = xla.get("step_blocked_ms", float("nan")) / row.get("step_blocked_ms", float("nan"))
       lines.append(
           f"{arch:6s} {variant:9s} {_num(cold_s, 14, 1)} "
           f"{_num(cold_s / xla_cold_s if cold_s and xla_cold_s else None, 6, 2)} "
           f"{_num(_compile_s(row.get('warm', {})), 7, 1)} "
           f"{row.get('in_process', {}).get('kernels', 0):4d} "
-          f"{_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} "
+          f"{_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} {blocked:7.3f} "
           f"{_num(row.get('tokens_per_s'), 9, 0)} "
           f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
           f"{_num(row.get('loss_max_diff'), 9, 5)} "
@@ -389,7 +419,8 @@ def table(results) -> str:
                      for g, w in zip(GROUPS, (8, 7, 7, 8)))
           + f" {prefill:>8s} {decode:>16s}")
   lines.append("x XLA: cold compile / XLA's; XLA/this: XLA step time / this variant's "
-               "(> 1 is faster); prefill, decode: XLA time / this (decode at "
+               "(> 1 is faster; steps dispatched in chains, as a training loop runs them); "
+               "blocked: the same with a block after every step; prefill, decode: XLA time / this (decode at "
                + "/".join(c[6:] for c in next(iter(results.values()))["variants"]
                           .get("xla", {}).get("inference", {}) if c.startswith("decode"))
                + " tokens)")
@@ -417,15 +448,17 @@ def run_model(spec, variants, args, log) -> dict:
   for variant in variants:
     run.rows[variant].update(fresh.get(variant, {}))
   run.losses()
-  run.time_steps(args.rounds, args.iters)
+  run.time_steps(args.rounds, args.iters, args.chain)
   if _on_gpu():
     run.breakdown()
+    if args.timeline:
+      run.timeline(args.chain)
   run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
   if cache_dir:
     jax.config.update("jax_compilation_cache_dir", None)
   for variant in variants:
     row = run.rows[variant]
-    log(f"  {variant:9s} step {row['step_ms']:.2f} ms, loss {row['loss_curve'][0]:.4f} -> "
+    log(f"  {variant:9s} step {row['step_ms']:.2f} ms ({row['step_blocked_ms']:.2f} blocked), loss {row['loss_curve'][0]:.4f} -> "
         f"{row['loss_curve'][-1]:.4f} (max diff from {variants[0]} {row['loss_max_diff']:.2e})"
         + (f", kernels {row['kernels']['groups']}" if "kernels" in row else ""))
   return dict(spec=dataclasses.asdict(spec), params=run.rows[variants[0]]["params"],
@@ -451,9 +484,13 @@ def parse_args(argv=None):
   p.add_argument("--loss-steps", type=int, default=20, help="steps of the loss curve")
   p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
   p.add_argument("--iters", type=int, default=5, help="timed calls per variant per round")
+  p.add_argument("--chain", type=int, default=4,
+                 help="training steps dispatched before each block when timing steps")
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument("--in-process", action="store_true",
                  help="no cold-compile subprocesses (compile times: this process only)")
+  p.add_argument("--timeline", action="store_true",
+                 help="trace one step per variant: GPU idle time between kernels (GPU only)")
   p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache")
   p.add_argument("--json", default=None, help="write the results here")
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
