@@ -11,12 +11,15 @@ and `pallas_gemm.flax.Linear` with fused epilogues, and reports for each:
             of its first steps), then again in this process once that cache
             holds the executable ("warm"); the number of distinct Mosaic kernels
             in the lowered step and its GEMM call sites.
-  step      median wall time of a training step (forward, backward, AdamW),
-            variants interleaved in rounds; tokens/s.
+  step      median wall time of a training step (forward, backward, AdamW)
+            with `--chain` steps dispatched before each block, as a training
+            loop runs them, and with a block after every step; variants
+            interleaved in rounds; tokens/s.
   loss      the loss curve of the first steps from the same initial parameters
             on the same batches, and its largest difference from XLA's.
-  kernels   one step's kernels (CUPTI), grouped: GEMM, attention,
-            elementwise/normalization, other.
+  kernels   the kernels of steps traced back to back (jax's profiler), per
+            step, grouped: GEMM, attention, elementwise/normalization, other;
+            and the GPU's idle time between kernels.
   inference prefill (a training batch, forward only) and decode-like forwards
             with 1..64 tokens per call, medians interleaved.
 
@@ -207,22 +210,6 @@ def fresh_compiles(spec, variants, cache_dir: str | None, log) -> dict:
 
 
 # -- timing ---------------------------------------------------------------------
-def step_kernels(fn, *args):
-  """(results, [(kernel name, µs)]) of one call of an already compiled `fn` (CUPTI).
-
-  Unlike `profiler.measure`, no warm-up call: the step donates its inputs.
-  """
-  from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
-
-  ext = mosaic_gpu_lib._mosaic_gpu_ext
-  ext._cupti_init()
-  try:
-    results = jax.block_until_ready(fn(*args))
-  finally:
-    timings = ext._cupti_get_timings(True)
-  return results, [(name, 1e3 * ms) for name, ms in timings or ()]
-
-
 def interleaved(calls: dict, rounds: int, iters: int, chain: int = 1) -> dict:
   """{name: wall-clock ms per call}: every call warmed up, then timed `iters` times, the
   names taking turns in `rounds` rounds. With `chain` > 1 each sample dispatches `chain`
@@ -240,15 +227,15 @@ def interleaved(calls: dict, rounds: int, iters: int, chain: int = 1) -> dict:
   return samples
 
 
-def group_kernels(kernels) -> dict:
-  """{group: µs} and the top kernels of one step."""
+def group_kernels(kernels, per: int = 1) -> dict:
+  """{group: µs} and the top kernels of `per` steps' [(name, µs)], per step."""
   totals = {g: 0.0 for g in GROUPS}
   by_name: dict[str, float] = {}
   for name, us in kernels:
-    totals[kernel_group(name)] += us
-    by_name[name] = by_name.get(name, 0.0) + us
+    totals[kernel_group(name)] += us / per
+    by_name[name] = by_name.get(name, 0.0) + us / per
   top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
-  return dict(groups=totals, total_us=sum(totals.values()), launches=len(kernels),
+  return dict(groups=totals, total_us=sum(totals.values()), launches=len(kernels) // per,
               top=[(n[:90], round(us, 1)) for n, us in top])
 
 
@@ -334,17 +321,9 @@ class Run:
           step_samples=len(pipelined[variant]), tokens_per_s=self.spec.tokens / (med * 1e-3),
           step_blocked_ms=statistics.median(blocked[variant]))
 
-  def breakdown(self):
-    tokens, labels = self.batches[0]
-    for variant in self.variants:
-      (params, opt_state, _), kernels = step_kernels(
-          self.steps[variant], *self.state, self.rest, tokens, labels)
-      self.state = [params, opt_state]
-      self.rows[variant]["kernels"] = group_kernels(kernels)
-
-  def timeline(self, chain: int):
-    """`chain` steps per variant traced back to back: the GPU's busy and idle time per
-    step, and what borders the idle gaps."""
+  def breakdown(self, chain: int):
+    """`chain` steps per variant traced back to back (jax's profiler, CUPTI underneath):
+    the kernels of one step grouped by kind, and the GPU's idle time between them."""
     from benchmarks import timeline
 
     tokens, labels = self.batches[0]
@@ -352,16 +331,19 @@ class Run:
       jax.block_until_ready(self._step(variant, tokens, labels))
       _, events, host = timeline.capture(
           lambda: [self._step(variant, tokens, labels) for _ in range(chain)])
+      if not events:
+        raise RuntimeError("the profiler saw no GPU kernels")
+      kernels = group_kernels([(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events],
+                              per=chain)
       report = timeline.idle_report(events)
       report.update(steps=chain, host_top=timeline.top_host(host),
                     span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain)
-      self.rows[variant]["timeline"] = report
-      self.log(f"  {variant:9s} timeline of {chain} steps, per step: span "
-               f"{report['span_ms_per_step']:.2f} ms, busy {report['busy_us'] / 1e3 / chain:.2f} "
-               f"ms, idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
+      self.rows[variant].update(kernels=kernels, timeline=report)
+      self.log(f"  {variant:9s} {chain} steps traced, per step: span "
+               f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
+               f"GPU idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
                + ", ".join(f"{k} {v['us'] / 1e3 / chain:.2f} ms"
-                           for k, v in report["gaps_before"].items())
-               + f"; largest {report['largest'][:3]}")
+                           for k, v in report["gaps_before"].items()))
 
   def inference(self, decode_tokens, rounds: int, iters: int):
     """Forward passes with the weights in bf16, as they are served (f32 master weights
@@ -450,9 +432,7 @@ def run_model(spec, variants, args, log) -> dict:
   run.losses()
   run.time_steps(args.rounds, args.iters, args.chain)
   if _on_gpu():
-    run.breakdown()
-    if args.timeline:
-      run.timeline(args.chain)
+    run.breakdown(args.chain)
   run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
   if cache_dir:
     jax.config.update("jax_compilation_cache_dir", None)
@@ -489,8 +469,6 @@ def parse_args(argv=None):
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument("--in-process", action="store_true",
                  help="no cold-compile subprocesses (compile times: this process only)")
-  p.add_argument("--timeline", action="store_true",
-                 help="trace one step per variant: GPU idle time between kernels (GPU only)")
   p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache")
   p.add_argument("--json", default=None, help="write the results here")
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -526,7 +504,7 @@ def main(argv=None) -> int:
   log = lambda *a: print(*a, flush=True)
   device = jax.devices()[0]
   log(f"jax {jax.__version__}, {device.device_kind} ({device.platform}); step: wall-clock "
-      "median, variants interleaved; kernels: CUPTI, one step")
+      "median, variants interleaved; kernels: jax profiler (CUPTI), steps back to back")
   variants = tuple(args.variants.split(","))
   meta = dict(jax=jax.__version__, device=device.device_kind,
               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

@@ -29,9 +29,10 @@ def test_readme_examples():
     assert result.attempted > 0 and result.failed == 0
 
 
-@pytest.mark.parametrize("name", ["pallas_gemm.compile_once", "benchmarks.models", "benchmarks.model"])
+@pytest.mark.parametrize("name", ["pallas_gemm.compile_once", "benchmarks.models", "benchmarks.model",
+                                  "benchmarks.timeline"])
 def test_docstring_examples_of_model_modules(name):
-    if name.startswith("benchmarks.model"):
+    if name.startswith(("benchmarks.model", "benchmarks.timeline")):
         pytest.importorskip("flax")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
