@@ -359,10 +359,18 @@ class Run:
         compiled[variant] = self.forwards[variant].lower(params, self.rest, tokens).compile()
         self.rows[variant].setdefault("inference", {})[case] = dict(
             tokens=int(tokens.size), compile_s=time.perf_counter() - t0)
-      samples = interleaved({v: functools.partial(compiled[v], params, self.rest, tokens)
-                             for v in self.variants}, rounds, iters)
+      calls = {v: functools.partial(compiled[v], params, self.rest, tokens) for v in self.variants}
+      samples = interleaved(calls, rounds, iters)
       for variant, times in samples.items():
         self.rows[variant]["inference"][case]["ms"] = statistics.median(times)
+        if _on_gpu():
+          from benchmarks import timeline
+
+          _, events, _ = timeline.capture(calls[variant])
+          self.rows[variant]["inference"][case]["kernels"] = group_kernels(
+              [(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events])
+          self.rows[variant]["inference"][case]["span_us"] = (
+              (events[-1].end_ns - events[0].start_ns) / 1e3 if events else None)
 
 
 # -- report -----------------------------------------------------------------------
