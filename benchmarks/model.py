@@ -321,6 +321,40 @@ class Run:
           step_samples=len(pipelined[variant]), tokens_per_s=self.spec.tokens / (med * 1e-3),
           step_blocked_ms=statistics.median(blocked[variant]))
 
+  def power(self, seconds: float, rounds: int, chain: int):
+    """Steps back to back for `seconds` per variant and round while `nvidia-smi` samples
+    the SM clock and board power: at the power limit a step is fast only if it spends
+    fewer joules (`benchmarks.power`)."""
+    from benchmarks.power import Sampler
+
+    tokens, labels = self.batches[0]
+    sampler = Sampler()
+    windows = {v: [] for v in self.variants}
+    try:
+      for _ in range(rounds):
+        for variant in self.variants:
+          jax.block_until_ready(self._step(variant, tokens, labels))
+          steps, t0 = 0, time.perf_counter()
+          while time.perf_counter() - t0 < seconds:
+            loss = self._step(variant, tokens, labels)
+            steps += 1
+            if steps % chain == 0:
+              jax.block_until_ready(loss)
+          jax.block_until_ready(loss)
+          t1 = time.perf_counter()
+          samples = sampler.window(t0 + 0.25 * (t1 - t0), t1)  # past the ramp
+          windows[variant].append(((t1 - t0) / steps, samples))
+    finally:
+      sampler.close()
+    for variant, runs in windows.items():
+      ms = statistics.median(1e3 * s for s, _ in runs)
+      clock = statistics.median(x[0] for _, samples in runs for x in samples)
+      watts = statistics.median(x[1] for _, samples in runs for x in samples)
+      self.rows[variant]["power"] = dict(step_ms=ms, sm_clock_mhz=clock, watts=watts,
+                                         joules_per_step=watts * ms / 1e3)
+      self.log(f"  {variant:9s} sustained: {ms:.2f} ms/step at {clock:.0f} MHz, {watts:.0f} W, "
+               f"{watts * ms / 1e3:.1f} J/step")
+
   def breakdown(self, chain: int):
     """`chain` steps per variant traced back to back (jax's profiler, CUPTI underneath):
     the kernels of one step grouped by kind, and the GPU's idle time between them."""
@@ -441,6 +475,8 @@ def run_model(spec, variants, args, log) -> dict:
   run.time_steps(args.rounds, args.iters, args.chain)
   if _on_gpu():
     run.breakdown(args.chain)
+    if args.power:
+      run.power(args.power, args.rounds, args.chain)
   run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
   if cache_dir:
     jax.config.update("jax_compilation_cache_dir", None)
@@ -474,6 +510,9 @@ def parse_args(argv=None):
   p.add_argument("--iters", type=int, default=5, help="timed calls per variant per round")
   p.add_argument("--chain", type=int, default=4,
                  help="training steps dispatched before each block when timing steps")
+  p.add_argument("--power", type=float, default=0,
+                 help="seconds of back-to-back steps per variant and round while nvidia-smi "
+                      "samples clock and power (GPU only; 0: skip)")
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument("--in-process", action="store_true",
                  help="no cold-compile subprocesses (compile times: this process only)")
