@@ -7,7 +7,8 @@ the environment variable `PALLAS_GEMM_CACHE` points. A cache that cannot be
 used (bad JSON, another schema, configs that no longer validate) is ignored
 with a `TuningCacheWarning`, never an error. The package ships a table of
 its own (`PACKAGED_PATH`: the LLM projection shapes tuned on an H100), read
-after the user's cache. Writers lock the file, merge
+after the user's cache; other Hopper boards (H200, H800, GH200) use the
+H100's entries where none names them. Writers lock the file, merge
 with what is on disk and replace it atomically, so concurrent tuners never
 tear it or lose each other's entries.
 
@@ -28,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -315,40 +317,59 @@ PACKAGED_M_REACH = 4
 """A shipped entry tuned at M serves problems with M' <= M <= max(16, PACKAGED_M_REACH * M')."""
 
 
+HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")
+"""Device kinds of one family (sm_90, 132 SMs on the SXM boards): the shipped table, tuned on
+an H100, serves the others when no entry names them (an H200 is an H100 with faster HBM)."""
+
+
+def same_family(kind: str, other: str) -> bool:
+  """Whether a table tuned on `other` may serve `kind`.
+
+  >>> same_family("NVIDIA H200", "NVIDIA H100 80GB HBM3"), same_family("cpu", "NVIDIA H100 80GB HBM3")
+  (True, False)
+  """
+  return kind == other or bool(HOPPER_KINDS.search(kind) and HOPPER_KINDS.search(other))
+
+
 def packaged_config(problem: GemmProblem, activation: str | None = None,
                     device_kind: str | None = None,
                     path: str = PACKAGED_PATH) -> GemmConfig | None:
   """The shipped config for `problem` on `device_kind` (default: this device), or None.
 
-  Shipped entries match the device kind and every problem field except M, under
-  any jax version (their configs are re-validated when read). Of those tuned at
-  M >= problem.m and within reach (`PACKAGED_M_REACH`), the smallest M wins: a
-  decode GEMM of 3 tokens runs the config tuned for 16.
+  Shipped entries match every problem field except M, under any jax version
+  (their configs are re-validated when read), and the device kind: entries
+  that name it, else those of another board of its family (`same_family`).
+  Of those tuned at M >= problem.m and within reach (`PACKAGED_M_REACH`), the
+  smallest M wins: a decode GEMM of 3 tokens runs the config tuned for 16.
 
   >>> from pallas_gemm.config import GemmProblem
   >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="NVIDIA H100 80GB HBM3").split_k
+  4
+  >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="NVIDIA H200").split_k
   4
   >>> packaged_config(GemmProblem(m=3, n=4096, k=4096), device_kind="cpu") is None
   True
   """
   device_kind = device_kind or jax.devices()[0].device_kind
-  best = None
+  best = {True: None, False: None}  # by whether the entry names this device kind
   for record in _cache_at(path).records().values():
     key = record.key
     tuned_m = key.problem.m
-    if (key.device_kind != device_kind or key.activation != activation
+    if (not same_family(device_kind, key.device_kind) or key.activation != activation
         or dataclasses.replace(key.problem, m=problem.m) != problem
         or not problem.m <= tuned_m <= max(16, PACKAGED_M_REACH * problem.m)):
       continue
-    if best is None or tuned_m < best.key.problem.m:
-      best = record
-  if best is None:
+    exact = key.device_kind == device_kind
+    if best[exact] is None or tuned_m < best[exact].key.problem.m:
+      best[exact] = record
+  chosen = best[True] or best[False]
+  if chosen is None:
     return None
   try:
-    best.config.validate(problem)
+    chosen.config.validate(problem)
   except ValueError:
     return None
-  return best.config
+  return chosen.config
 
 
 def lookup_config(problem: GemmProblem, activation: str | None = None) -> GemmConfig | None:

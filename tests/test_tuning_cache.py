@@ -115,10 +115,23 @@ def test_packaged_config_takes_the_smallest_tuned_m_within_reach(tmp_path):
     assert at(17) is None                       # 256 > 4 * 17: out of reach
     assert at(64) == large and at(256) == large
     assert at(257) is None                      # nothing tuned at M >= 257
-    assert at(64, device_kind="NVIDIA H200") is None
+    assert at(64, device_kind="NVIDIA A100-SXM4-80GB") is None  # not a Hopper board
     assert at(64, activation="relu") is None    # the activation is part of the key
     other = dataclasses.replace(PROBLEM, m=64, transpose_b=True)
     assert tc.packaged_config(other, device_kind=H100, path=shipped.path) is None
+
+
+def test_other_hopper_boards_use_the_h100_table_unless_an_entry_names_them(tmp_path):
+    shipped = tc.TuningCache(str(tmp_path / "shipped.json"))
+    h200_config = GemmConfig(tile_m=64, tile_n=128, wg_split="n")
+    shipped.store(tc.TuningKey(H100, "0.11.2", PROBLEM), CONFIG, 1.0)
+    at = lambda kind: tc.packaged_config(PROBLEM, device_kind=kind, path=shipped.path)
+    for kind in ("NVIDIA H200", "NVIDIA H100 PCIe", "NVIDIA H800", "NVIDIA GH200 480GB"):
+        assert at(kind) == CONFIG, kind
+    shipped.store(tc.TuningKey("NVIDIA H200", "0.11.2", PROBLEM), h200_config, 1.0)
+    assert at("NVIDIA H200") == h200_config and at(H100) == CONFIG
+    assert at("NVIDIA H20") in (CONFIG, h200_config)  # another board of the family
+    assert at("NVIDIA A100-SXM4-80GB") is None and at("cpu") is None
 
 
 def test_the_users_cache_comes_before_the_shipped_table(tmp_path, monkeypatch):
