@@ -6,10 +6,11 @@ variants, XLA's `nnx.Linear`, `nnx.Linear(dot_general=pallas_gemm.dot_general)`
 and `pallas_gemm.flax.Linear` with fused epilogues, and reports for each:
 
   compile   first training step's trace + lowering and XLA compile, in a fresh
-            process with an empty persistent compilation cache ("cold", one
-            subprocess per variant, which also reports the peak device memory
-            of its first steps), then again in this process once that cache
-            holds the executable ("warm"); the number of distinct Mosaic kernels
+            process with an empty persistent compilation cache of its own
+            ("cold", one subprocess per variant, which also reports the peak
+            device memory of its first steps), then in another fresh process
+            from that cache ("warm": XLA's executable and our lowered kernels,
+            `pallas_gemm.kernel_cache`); the number of distinct Mosaic kernels
             in the lowered step and its GEMM call sites.
   step      median wall time of a training step (forward, backward, AdamW)
             with `--chain` steps dispatched before each block, as a training
@@ -156,6 +157,7 @@ def enable_persistent_cache(path: str) -> None:
 def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
   """Compile the training step in this (fresh) process, run `steps`, report."""
   if cache_dir:
+    os.makedirs(cache_dir, exist_ok=True)
     enable_persistent_cache(cache_dir)
   t0 = time.perf_counter()
   graphdef, params, rest = build(spec, variant)
@@ -193,18 +195,20 @@ def _worker_process(spec, variant, cache_dir, log) -> dict:
 
 def fresh_compiles(spec, variants, cache_dir: str | None, log) -> dict:
   """{variant: {"cold": report, "warm": report}}: each variant's training step
-  compiled in a fresh process (`worker`), first with the persistent cache at
-  `cache_dir` empty of it, then again, in another fresh process, from that cache."""
+  compiled in a fresh process (`worker`), first with an empty persistent cache of its
+  own under `cache_dir` (no variant warms another's kernels: they share GEMMs), then
+  again, in another fresh process, from that cache."""
   reports = {}
   for variant in variants:
     reports[variant] = {}
+    variant_dir = cache_dir and os.path.join(cache_dir, variant)
     for kind in ("cold", "warm") if cache_dir else ("cold",):
-      r = reports[variant][kind] = _worker_process(spec, variant, cache_dir, log)
+      r = reports[variant][kind] = _worker_process(spec, variant, variant_dir, log)
       if "error" in r:
         continue
       log(f"  {kind} {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
           f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
-          f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}"
+          f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}  loss {r.get('loss')}"
           + (f"  run failed: {r['run_error']}" if "run_error" in r else ""))
   return reports
 
@@ -464,6 +468,8 @@ def run_model(spec, variants, args, log) -> dict:
   log(f"== {spec.arch}: {spec}")
   cache_dir = None if args.no_cache else tempfile.mkdtemp(prefix="pallas-gemm-jax-cache-")
   fresh = {} if args.in_process else fresh_compiles(spec, variants, cache_dir, log)
+  if args.compile_only:
+    return dict(spec=dataclasses.asdict(spec), variants=fresh)
   if cache_dir:
     enable_persistent_cache(cache_dir)
     log(f"  persistent cache: {len(os.listdir(cache_dir))} files")
@@ -516,6 +522,8 @@ def parse_args(argv=None):
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument("--in-process", action="store_true",
                  help="no cold-compile subprocesses (compile times: this process only)")
+  p.add_argument("--compile-only", action="store_true",
+                 help="only the fresh-process compiles (cold and warm), no training or timing")
   p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache")
   p.add_argument("--json", default=None, help="write the results here")
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)

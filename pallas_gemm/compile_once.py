@@ -13,7 +13,9 @@ same jaxpr for every call with the same static arguments and operand types,
 and the lowering of the enclosing program emits one private function for it
 that every call site calls: one kernel per distinct kernel in the module,
 however many call sites, forward and backward. The jit is inlined by XLA, so
-nothing changes at run time.
+nothing changes at run time. Inside it the kernel goes through
+`kernel_cache.launch`: where jax's persistent compilation cache is on, a
+kernel lowered by an earlier process is not lowered again.
 
 >>> import jax, jax.numpy as jnp
 >>> traces = []
@@ -35,6 +37,8 @@ from typing import Callable, Iterable
 
 import jax
 
+from pallas_gemm import kernel_cache
+
 
 def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
   """`fn` as a `jax.jit` function keyed on `static_argnames` (hashable values).
@@ -44,7 +48,14 @@ def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
   """
   if fn is None:
     return functools.partial(kernel_entry, static_argnames=static_argnames)
-  return jax.jit(fn, static_argnames=tuple(static_argnames))
+  static_argnames = tuple(static_argnames)
+
+  @functools.wraps(fn)
+  def entry(*args, **kwargs):
+    static = {name: kwargs.pop(name) for name in static_argnames if name in kwargs}
+    return kernel_cache.launch(fn, static, args, kwargs)
+
+  return jax.jit(entry, static_argnames=static_argnames)
 
 
 def module_kernel_count(lowered_text: str, target: str = "mosaic_gpu") -> int:

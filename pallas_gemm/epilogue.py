@@ -87,8 +87,12 @@ def _sigmoid_slope(x):
   return s * (1.0 - s)
 
 
+def _relu_slope(x):
+  return jnp.where(x > 0, 1.0, jnp.where(x < 0, 0.0, 0.5))  # jax's tie rule
+
+
 ACTIVATION_SLOPES = {
-    "relu": lambda x: jnp.where(x > 0, 1.0, jnp.where(x < 0, 0.0, 0.5)),  # jax's tie rule
+    "relu": _relu_slope,
     "gelu_tanh": _gelu_tanh_slope,
     "gelu_exact": _gelu_exact_slope,
     "silu": _silu_slope,

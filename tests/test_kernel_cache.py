@@ -1,0 +1,88 @@
+"""Lowered kernels on disk (`pallas_gemm.kernel_cache`), on the CPU through
+`jax.export(..., platforms=["cuda"])`: a second lowering of the same program with jax's
+persistent cache on emits the stored custom calls without lowering a kernel, and the
+module is the same."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_gemm
+from pallas_gemm import kernel_cache
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+  previous = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  jax.clear_caches()
+  yield tmp_path
+  jax.config.update("jax_compilation_cache_dir", previous)
+  jax.clear_caches()
+
+
+def _loss(a, b, w):
+  y = pallas_gemm.matmul(a, b, implementation="pallas")
+  z = pallas_gemm.matmul(y, w, bias=jnp.ones((w.shape[1],), jnp.float32),
+                         activation="gelu_tanh", implementation="pallas")
+  return z.astype(jnp.float32).sum()
+
+
+ARGS = (jax.ShapeDtypeStruct((1000, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+        jax.ShapeDtypeStruct((256, 128), jnp.bfloat16))
+
+
+def _module():
+  """The training step's module for CUDA, without source locations."""
+  jax.clear_caches()
+  text = jax.export.export(jax.jit(jax.grad(_loss, argnums=(0, 1, 2))),
+                           platforms=["cuda"])(*ARGS).mlir_module()
+  text = re.sub(r"loc\([^)]*\)", "", text)
+  return "\n".join(line for line in text.splitlines()
+                   if line.strip() and not line.startswith("#loc"))
+
+
+def _no_lowering(*_):
+  raise AssertionError("a stored kernel was lowered again")
+
+
+def _stored(directory):
+  return sorted((directory / kernel_cache.SUBDIR).glob("*.json"))
+
+
+def test_a_stored_lowering_is_emitted_without_lowering_the_kernel(cache_dir, monkeypatch):
+  first = _module()
+  stored = _stored(cache_dir)
+  assert len(stored) == first.count("stablehlo.custom_call @mosaic_gpu") >= 4
+
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  assert _module() == first
+
+
+def test_an_unreadable_entry_is_lowered_again_and_replaced(cache_dir, monkeypatch):
+  first = _module()
+  broken = _stored(cache_dir)[0]
+  broken.write_text("{not json")
+  second = _module()  # the kernel lowered again (its module's debug locations may differ)
+  assert second.count("@mosaic_gpu") == first.count("@mosaic_gpu")
+  assert broken.read_text().startswith("{\"results\"")
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  assert _module() == second
+
+
+def test_nothing_is_stored_without_jax_s_persistent_cache(tmp_path):
+  assert jax.config.jax_compilation_cache_dir is None
+  _module()
+  assert kernel_cache.store_dir() is None
+
+
+def test_keys_change_with_any_static_argument_and_refuse_unstable_reprs():
+  avals = [jax.typeof(jnp.ones((2, 2)))]
+  tree = jax.tree.structure(((1,), {}))
+  key = lambda **static: kernel_cache.entry_key(_loss, static, tree, avals)
+  assert key(k=1) == key(k=1) != key(k=2)
+  assert key(f=lambda: 0) is None
+  assert key(f=_loss) is not None and key(f=_loss) != key(f=_module)  # named functions
