@@ -1,4 +1,5 @@
-"""Every docstring example in `layouts` and the README runs and prints what it says."""
+"""Every docstring example in `layouts`, `pallas_gemm`, `benchmarks` and the README runs and
+prints what it says."""
 
 import doctest
 import importlib
@@ -7,16 +8,23 @@ import pkgutil
 
 import pytest
 
+import benchmarks
 import layouts
+import pallas_gemm
+
+NEEDS_FLAX = ("pallas_gemm.flax", "benchmarks.model", "benchmarks.models", "benchmarks.timeline")
 
 
 def _modules():
-    return sorted(m.name for m in pkgutil.walk_packages(layouts.__path__, "layouts.")
+    return sorted(m.name for package in (layouts, pallas_gemm, benchmarks)
+                  for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
                   if not m.name.endswith("__main__"))
 
 
 @pytest.mark.parametrize("name", _modules())
 def test_docstring_examples(name):
+    if name in NEEDS_FLAX:
+        pytest.importorskip("flax")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
@@ -27,13 +35,3 @@ def test_readme_examples():
     result = doctest.testfile(str(readme), module_relative=False,
                               optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
-
-
-@pytest.mark.parametrize("name", ["pallas_gemm.compile_once", "benchmarks.models", "benchmarks.model",
-                                  "benchmarks.timeline"])
-def test_docstring_examples_of_model_modules(name):
-    if name.startswith(("benchmarks.model", "benchmarks.timeline")):
-        pytest.importorskip("flax")
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
-    assert result.attempted > 0 and result.failed == 0, name
