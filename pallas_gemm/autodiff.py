@@ -92,7 +92,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
   if implementation is None:
-    implementation = "pallas" if _compat.device_sm_count() else "xla"
+    implementation = "auto" if _compat.device_sm_count() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
   bias, c, row_bias, residual = (None if x is None else jnp.asarray(x)
                                  for x in (bias, c, row_bias, residual))
@@ -234,7 +234,7 @@ def _fuses_dpre(call, pre, g, wanted) -> bool:
   no residual enters the derivative), 16-bit pre and cotangent in the operand dtype,
   a shape TMA takes, no Explicit mesh."""
   rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
-  return (call.implementation in ("pallas", "interpret") and wanted.bias is not None
+  return (call.implementation in ("auto", "pallas", "interpret") and wanted.bias is not None
           and call.activation is not None and call.clamp is None
           and pre.dtype == g.dtype == jnp.dtype(wanted.operand_dtype)
           and dpre.supported(rows, pre.dtype) and sharding.explicit_mesh(pre, g) is None)

@@ -31,7 +31,7 @@ class GemmCall:
   """Everything static about one GEMM (hashable; the arrays come separately).
 
   Attributes mirror `pallas_gemm.matmul`'s keyword arguments; `out_dtype` is
-  a dtype name, `implementation` is resolved ("pallas", "interpret", "xla").
+  a dtype name, `implementation` is resolved ("auto", "pallas", "interpret", "xla"; "auto" picks per GEMM).
   """
 
   out_dtype: str

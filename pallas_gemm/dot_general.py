@@ -65,7 +65,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def make_dot_general(*, implementation: str | None = None):
-  """`dot_general` running a chosen implementation ("pallas", "interpret", "xla").
+  """`dot_general` running a chosen implementation ("auto", "pallas", "interpret", "xla").
 
   >>> import jax.numpy as jnp
   >>> f = make_dot_general(implementation="xla")

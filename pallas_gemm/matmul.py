@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import route
 from pallas_gemm import smem
 from pallas_gemm import split_k
 from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
@@ -35,7 +36,7 @@ from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNE
 from pallas_gemm.autotune import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
-IMPLEMENTATIONS = (None, "pallas", "interpret", "xla")
+IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
 INTERPRET_NUM_SMS = 2
 """Persistent grid size in interpret mode (grid points run one after another there)."""
 
@@ -75,7 +76,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       fp8 `out_dtype` only (default 1.0).
     config: a `GemmConfig`, or None: the autotuning cache's entry for this
       problem on this device, else the heuristic default.
-    implementation: None (the Pallas kernel on a GPU, XLA elsewhere), "pallas",
+    implementation: None ("auto" on a GPU, "xla" elsewhere), "auto" (the Pallas
+      kernel, except where XLA's GEMM is faster: tiny K, a few microseconds of
+      work, a costly TMA padding copy; `pallas_gemm.route`), "pallas",
       "interpret" (the kernel in GPU interpret mode, on any backend) or "xla".
     autotune: tune this problem now if the cache has no entry (outside jit
       only); None defers to the environment variable PALLAS_GEMM_AUTOTUNE=1.
@@ -99,7 +102,10 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if c is not None and beta == 0.0:
     c = None
   if implementation is None:
-    implementation = "pallas" if _compat.device_sm_count() else "xla"
+    implementation = "auto" if _compat.device_sm_count() else "xla"
+  if implementation == "auto":  # a config or tuning asked for means the kernel
+    implementation = ("pallas" if config or autotune else route.choose(problem)[0]
+                      ) if _compat.device_sm_count() else "xla"
   if implementation == "xla":
     return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual,
                        return_pre=bool(return_pre))

@@ -1,0 +1,109 @@
+"""Which implementation runs a GEMM when the caller leaves it to the library.
+
+`matmul(..., implementation=None)` runs the Pallas kernel on a Hopper GPU, except
+where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot`):
+
+- K below one 64-deep K step (4096x4096x8: 0.65-0.76x): the problem is an outer
+  product that streams its output, and the kernel's pipeline has nothing to overlap;
+- a few microseconds of work at the roofline (256^3, 1024^3 squares: 0.76-0.85x): the
+  kernel's launch and prologue cost about 1 us more than cuBLAS's;
+- a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
+  off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
+  (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
+  it is 1.5-2.4x faster than cuBLAS there (K=7001).
+
+There XLA's GEMM runs, with the epilogue applied as XLA would. `choose` says which
+and why, so harnesses can report it. Only 16-bit operands are routed: fp8 and tf32
+GEMMs keep the kernel (their epilogues and scalings are what they are used for).
+
+>>> from pallas_gemm.config import GemmProblem
+>>> choose(GemmProblem(m=4096, n=4096, k=8))
+('xla', 'K=8 < 64: one partial K step (XLA is faster at tiny K)')
+>>> choose(GemmProblem(m=8192, n=8192, k=8192))
+('pallas', 'the kernel')
+>>> choose(GemmProblem(m=256, n=256, k=256))[0]
+'xla'
+"""
+
+from __future__ import annotations
+
+from pallas_gemm import smem
+from pallas_gemm.config import GemmProblem
+
+MIN_K = 64
+"""Below one K step of the default tile (64 bf16 elements, a 128-byte swizzle span)."""
+
+MIN_ROOFLINE_US = 3.0
+"""GEMMs shorter than this at the roofline are dominated by fixed costs (~1 us more
+than cuBLAS's per launch, NOTES exp. 43)."""
+
+MAX_COPY_FRACTION = 1.0
+"""A memory-bound GEMM whose padding copy moves more than this fraction of its own bytes
+goes to XLA."""
+
+PEAK_FLOPS = 989.4e12
+"""H100 SXM dense bf16 (an H200 has the same tensor cores)."""
+
+HBM_BYTES_PER_S = 3.35e12
+"""H100 SXM HBM3 (an H200's 4.8 TB/s only makes more GEMMs short)."""
+
+ROUTED_DTYPES = ("bfloat16", "float16")
+
+
+def min_bytes(problem: GemmProblem) -> int:
+  """One read of A and B and one write of C (16-bit elements)."""
+  p = problem
+  return 2 * p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)
+
+
+def roofline_us(problem: GemmProblem) -> float:
+  """The larger of the tensor-core time and the HBM time of `min_bytes`, in microseconds.
+
+  >>> round(roofline_us(GemmProblem(m=1, n=4096, k=4096)), 1)
+  10.0
+  """
+  flops = 2.0 * problem.batch * problem.m * problem.n * problem.k
+  return 1e6 * max(flops / PEAK_FLOPS, min_bytes(problem) / HBM_BYTES_PER_S)
+
+
+def padding_copy_bytes(problem: GemmProblem) -> int:
+  """Bytes the kernel path copies to make A and B readable by TMA (read + write of each
+  operand whose minor extent no 64-byte-or-wider swizzle fits; as `matmul` pads them).
+
+  >>> padding_copy_bytes(GemmProblem(m=65536, n=64, k=72))   # A (65536, 72) padded to 128
+  26214400
+  >>> padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4096))
+  0
+  """
+  p, e = problem, 2
+  a_minor, a_rows = (p.m, p.k) if p.transpose_a else (p.k, p.m)
+  b_minor, b_rows = (p.k, p.n) if p.transpose_b else (p.n, p.k)
+  common = smem.widest_swizzle(p.dtype, 64, a_minor, b_minor)
+  if common is not None and common >= 64:
+    return 0
+  copied = 0
+  for minor, rows in ((a_minor, a_rows), (b_minor, b_rows)):
+    own = smem.widest_swizzle(p.dtype, 64, minor)
+    if own is None or own < 64:
+      padded = -(-minor // 64) * 64
+      copied += p.batch * e * rows * (minor + padded)
+  return copied
+
+
+def choose(problem: GemmProblem) -> tuple[str, str]:
+  """("pallas" or "xla", why) for a GEMM on a Hopper GPU."""
+  if problem.dtype not in ROUTED_DTYPES or problem.dtype_b != problem.dtype:
+    return "pallas", "the kernel"
+  if problem.k < MIN_K:
+    return "xla", f"K={problem.k} < {MIN_K}: one partial K step (XLA is faster at tiny K)"
+  t = roofline_us(problem)
+  if t < MIN_ROOFLINE_US:
+    return "xla", (f"{t:.1f} us at the roofline < {MIN_ROOFLINE_US}: fixed costs dominate "
+                   "(the kernel's are ~1 us more than cuBLAS's)")
+  copied, own = padding_copy_bytes(problem), min_bytes(problem)
+  memory_bound = 2.0 * problem.batch * problem.m * problem.n * problem.k / PEAK_FLOPS < (
+      own / HBM_BYTES_PER_S)
+  if memory_bound and copied > MAX_COPY_FRACTION * own:
+    return "xla", (f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's "
+                   f"{own / 1e6:.1f} MB")
+  return "pallas", "the kernel"

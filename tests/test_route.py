@@ -1,0 +1,74 @@
+"""`implementation=None` on a GPU ("auto"): the kernel, except where XLA's GEMM wins
+(`pallas_gemm.route`). The rules on problems, then the public API's choice seen in the
+module exported for CUDA (Mosaic custom calls counted) with a GPU pretended."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_gemm
+from pallas_gemm import _compat, compile_once, route
+from pallas_gemm.config import GemmProblem
+
+
+@pytest.mark.parametrize("problem, why", [
+    (GemmProblem(m=4096, n=4096, k=8), "K=8 < 64"),                     # issue 16: 0.65-0.76x
+    (GemmProblem(m=256, n=256, k=256), "at the roofline"),              # 0.76-0.85x
+    (GemmProblem(m=1024, n=1024, k=1024), "at the roofline"),
+    (GemmProblem(m=65536, n=64, k=72), "padding copy"),                 # 0.21x
+])
+def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
+  implementation, reason = route.choose(problem)
+  assert implementation == "xla" and why in reason
+
+
+@pytest.mark.parametrize("problem", [
+    GemmProblem(m=16384, n=8192, k=2048),                   # training projections
+    GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
+    GemmProblem(m=1, n=4096, k=4096),                       # decode: 10 us of HBM
+    GemmProblem(m=1000, n=1016, k=4000),                    # odd extents: B copied
+    GemmProblem(m=4096, n=4096, k=7001),                    # odd K: A copied (1.5-2.4x)
+    GemmProblem(m=2048, n=128, k=2048, batch=32),           # batched
+    GemmProblem(m=4096, n=4096, k=8, dtype="float8_e4m3fn", out_dtype="bfloat16"),  # fp8 kept
+])
+def test_the_kernel_keeps_what_it_wins_or_what_only_it_does(problem):
+  assert route.choose(problem) == ("pallas", "the kernel")
+
+
+def test_padding_copy_counts_only_operands_tma_cannot_read():
+  assert route.padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4000)) == 0  # 64-byte swizzle
+  # K=72 (144 bytes): A (4096, 72) is padded to 128 columns; B (72, N) is read as it is.
+  assert route.padding_copy_bytes(GemmProblem(m=4096, n=4096, k=72)) == 2 * 4096 * (72 + 128)
+  assert route.padding_copy_bytes(GemmProblem(m=4096, n=8192, k=72)) == 2 * 4096 * (72 + 128)
+
+
+def _kernels(fn, *shapes):
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+  text = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args).mlir_module()
+  return compile_once.module_kernel_count(text)
+
+
+@pytest.fixture
+def pretend_gpu(monkeypatch):
+  monkeypatch.setattr(_compat, "device_sm_count", lambda: 132)
+
+
+def test_the_default_routes_each_gemm_of_a_training_step(pretend_gpu):
+  loss = lambda a, b: jnp.square(pallas_gemm.matmul(a, b).astype(jnp.float32)).sum()
+  step = jax.grad(loss, argnums=(0, 1))
+  assert _kernels(step, (2048, 2048), (2048, 2048)) == 3   # forward, dA, dB on the kernel
+  assert _kernels(step, (256, 256), (256, 256)) == 0       # all three under 3 us: XLA
+  assert _kernels(lambda a, b: pallas_gemm.matmul(a, b), (4096, 8), (8, 4096)) == 0
+
+
+def test_a_config_or_an_explicit_implementation_means_the_kernel(pretend_gpu):
+  small = ((256, 256), (256, 256))
+  assert _kernels(lambda a, b: pallas_gemm.matmul(a, b, implementation="pallas"), *small) == 1
+  config = pallas_gemm.GemmConfig(tile_m=64, tile_n=128, wg_split="n")
+  assert _kernels(lambda a, b: pallas_gemm.matmul(a, b, config=config), *small) == 1
+
+
+def test_auto_is_xla_without_a_gpu():
+  a = jnp.ones((256, 256), jnp.bfloat16)
+  out = pallas_gemm.matmul(a, a, implementation="auto")
+  assert out.shape == (256, 256) and float(out[0, 0]) == 256.0
