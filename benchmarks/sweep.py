@@ -230,11 +230,29 @@ def table_config(case, path: str):
   return tuning_cache.packaged_config(problem, activation, path=path)
 
 
+def routed(case) -> str | None:
+  """'xla (why)' when the default (`implementation=None` on a GPU) runs XLA's GEMM for
+  `case` (`pallas_gemm.route`), else None.
+
+  >>> from benchmarks.shapes import Shape
+  >>> routed(Shape(m=4096, n=4096, k=8))
+  'xla (K=8 < 64: one partial K step (XLA is faster at tiny K))'
+  >>> routed(Shape(m=4096, n=4096, k=4096)) is None
+  True
+  """
+  from pallas_gemm import route
+
+  implementation, why = route.choose(case_problem(case)[0])
+  return f"xla ({why})" if implementation == "xla" else None
+
+
 def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, budget_s: float,
         compare_split: bool = False, compare_table: str | None = None, l2: str = "cold",
         log=print) -> tuple[list[dict], list[dict]]:
   """Times the cases on the GPU (until `budget_s` has passed; the rest are
   skipped and said so); writes `sweep_NAME.json` and `.png` under `out_dir`.
+  Contender `pallas_gemm` is the default a user gets (`implementation="auto"`): where
+  it routes to XLA's GEMM, the config column says so and why (`routed`).
   Returns (rows, summary). With `compare_split`, each shape also runs with
   the other split-K choice (`other_split`); with `compare_table`, with the
   config of that tuning file (`table_config`), e.g. a fresh `pallas_gemm.tune`
@@ -255,7 +273,8 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
     alts = [table_config(c, compare_table) if compare_table else None for c in cases]
 
   def contenders(case):
-    fns = {"pallas_gemm": harness.pallas_fn(case), "xla": harness.xla_fn(case)}
+    fns = {"pallas_gemm": harness.pallas_fn(case, implementation="auto"),
+           "xla": harness.xla_fn(case)}
     alt = alts[cases.index(case)]
     if alt is not None:
       fns["pallas_alt"] = harness.pallas_fn(case, alt)
@@ -271,8 +290,8 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   if done < len(cases):
     log(f"sweep {name}: time budget of {budget_s:.0f} s spent; skipped the last "
         f"{len(cases) - done} of {len(cases)} shapes")
-  described = [describe(c) + (f" (alt: {describe(a)})" if a else "")
-               for c, a in zip(configs[:done], alts[:done])]
+  described = [(routed(case) or describe(c)) + (f" (alt: {describe(a)})" if a else "")
+               for case, c, a in zip(cases[:done], configs[:done], alts[:done])]
   summary = summarize(cases[:done], rows, configs=described)
   if out_dir:
     harness.write_json(out_dir, f"sweep_{name}.json", environment=harness.environment(l2),

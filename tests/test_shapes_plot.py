@@ -20,7 +20,7 @@ def test_docstring_examples(module):
 
 # -- sweeps -------------------------------------------------------------------
 def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
-    assert shapes.sweep_names() == ["llm", "odd", "tall_skinny_k", "training"]
+    assert shapes.sweep_names() == ["heldout", "llm", "odd", "tall_skinny_k", "training"]
     for name in shapes.sweep_names():
         sweep = shapes.load_sweep(name)
         assert sweep and len(set(sweep)) == len(sweep)
@@ -45,6 +45,23 @@ def test_sweeps_hold_the_shapes_the_issue_names():
     assert {(128, 128, 65536), (256, 512, 32768)} <= mnk["tall_skinny_k"]
     assert all(k >= 16 * max(m, n) for m, n, k in mnk["tall_skinny_k"])
     assert {s.layout for s in shapes.load_sweep("training")} == {"NN", "NT", "TN"}
+
+
+def test_held_out_shapes_are_in_no_fit_sweep_and_no_shipped_table_entry():
+    from pallas_gemm import tuning_cache
+
+    fit = {s.label for name in shapes.sweep_names() if name != "heldout"
+           for s in shapes.load_sweep(name)}
+    tuned = {r.key.device_kind for r in tuning_cache.TuningCache(
+        tuning_cache.PACKAGED_PATH).records().values()}
+    held_out = shapes.load_sweep("heldout")
+    assert len(held_out) >= 30
+    for shape in held_out:
+        assert shape.label not in fit, shape.label
+        problem, activation = shape.problem()
+        for kind in tuned:
+            assert tuning_cache.packaged_config(problem, activation, device_kind=kind) is None, (
+                f"{shape.label}: the shipped table serves a held-out shape")
 
 
 def test_load_shapes_reads_json_with_lists_and_text_files(tmp_path):
