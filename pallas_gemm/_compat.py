@@ -9,6 +9,10 @@ True
 
 from __future__ import annotations
 
+import functools
+import re
+import warnings
+
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -74,6 +78,41 @@ def device_sm_count() -> int | None:
   if device.platform != "gpu":
     return None
   return int(device.core_count)
+
+
+HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")
+"""Device kinds of the Hopper family (sm_90)."""
+
+
+def on_hopper() -> bool:
+  """Whether the default device is a Hopper GPU (compute capability 9.x), where the
+  kernels run; `implementation=None` runs XLA elsewhere. Another GPU (an A100, a
+  Blackwell card, a ROCm GPU) gets one warning that XLA's GEMMs run instead."""
+  device = jax.devices()[0]
+  if device.platform != "gpu":
+    return False
+  capability = str(getattr(device, "compute_capability", ""))
+  if capability.split(".")[0] == "9" or (not capability and HOPPER_KINDS.search(device.device_kind)):
+    return True
+  _warn_not_hopper(device.device_kind, capability)
+  return False
+
+
+@functools.cache
+def _warn_not_hopper(kind: str, capability: str) -> None:
+  warnings.warn(f"pallas_gemm: {kind} (compute capability {capability or 'unknown'}) is not a "
+                "Hopper GPU; implementation=None runs XLA's GEMMs", RuntimeWarning, stacklevel=3)
+
+
+def require_hopper(what: str) -> None:
+  """Raises if the default device is a GPU the kernels cannot run on (exporting for
+  CUDA from a CPU is allowed: nothing runs here)."""
+  device = jax.devices()[0]
+  if device.platform == "gpu" and not on_hopper():
+    raise ValueError(
+        f"{what} needs a Hopper GPU (compute capability 9.x); this is {device.device_kind} "
+        f"(compute capability {getattr(device, 'compute_capability', 'unknown')}): use "
+        "implementation=None or 'xla'")
 
 
 # Mixed e4m3 x e5m2 WGMMA operands: the verifier accepts them from jaxlib 0.11

@@ -92,7 +92,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
   if implementation is None:
-    implementation = "auto" if _compat.device_sm_count() else "xla"
+    implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
   bias, c, row_bias, residual = (None if x is None else jnp.asarray(x)
                                  for x in (bias, c, row_bias, residual))

@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 
 import jax
 
+from pallas_gemm import _compat
 from pallas_gemm import kernel_cache
 
 
@@ -53,6 +54,8 @@ def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
   @functools.wraps(fn)
   def entry(*args, **kwargs):
     static = {name: kwargs.pop(name) for name in static_argnames if name in kwargs}
+    if static.get("interpret") is None:  # the real kernel: never on another GPU
+      _compat.require_hopper(f"{fn.__module__}.{fn.__name__} (implementation='pallas')")
     return kernel_cache.launch(fn, static, args, kwargs)
 
   return jax.jit(entry, static_argnames=static_argnames)

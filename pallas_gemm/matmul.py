@@ -102,10 +102,10 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
   if c is not None and beta == 0.0:
     c = None
   if implementation is None:
-    implementation = "auto" if _compat.device_sm_count() else "xla"
+    implementation = "auto" if _compat.on_hopper() else "xla"
   if implementation == "auto":  # a config or tuning asked for means the kernel
     implementation = ("pallas" if config or autotune else route.choose(problem)[0]
-                      ) if _compat.device_sm_count() else "xla"
+                      ) if _compat.on_hopper() else "xla"
   if implementation == "xla":
     return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual,
                        return_pre=bool(return_pre))

@@ -69,7 +69,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   if implementation is None:
     kernel_dtypes = (lhs.dtype == rhs.dtype and lhs.dtype.name in INPUT_DTYPES
                      and out_dtype.name in OUTPUT_DTYPES)
-    implementation = "pallas" if kernel_dtypes and _compat.device_sm_count() else "xla"
+    implementation = "pallas" if kernel_dtypes and _compat.on_hopper() else "xla"
   if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
     return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
                            transpose_rhs)

@@ -109,7 +109,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
   if bias is not None:
     bias = jnp.asarray(bias, jnp.float32)
   if implementation is None:
-    implementation = "pallas" if _compat.device_sm_count() else "xla"
+    implementation = "pallas" if _compat.on_hopper() else "xla"
   if implementation == "interpret" and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS:
     # It would hang: the interpreter's callback fails inside a warp-specialized kernel.
     raise NotImplementedError(

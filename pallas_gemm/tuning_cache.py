@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -37,6 +36,7 @@ import warnings
 
 import jax
 
+from pallas_gemm import _compat
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.epilogue import ACTIVATIONS
 
@@ -317,18 +317,17 @@ PACKAGED_M_REACH = 4
 """A shipped entry tuned at M serves problems with M' <= M <= max(16, PACKAGED_M_REACH * M')."""
 
 
-HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")
-"""Device kinds of one family (sm_90, 132 SMs on the SXM boards): the shipped table, tuned on
-an H100, serves the others when no entry names them (an H200 is an H100 with faster HBM)."""
 
 
 def same_family(kind: str, other: str) -> bool:
-  """Whether a table tuned on `other` may serve `kind`.
+  """Whether a table tuned on `other` may serve `kind`: both the same, or both Hopper
+  boards (sm_90; an H200 is an H100 with faster HBM).
 
   >>> same_family("NVIDIA H200", "NVIDIA H100 80GB HBM3"), same_family("cpu", "NVIDIA H100 80GB HBM3")
   (True, False)
   """
-  return kind == other or bool(HOPPER_KINDS.search(kind) and HOPPER_KINDS.search(other))
+  hopper = _compat.HOPPER_KINDS
+  return kind == other or bool(hopper.search(kind) and hopper.search(other))
 
 
 def packaged_config(problem: GemmProblem, activation: str | None = None,

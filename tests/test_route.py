@@ -50,7 +50,7 @@ def _kernels(fn, *shapes):
 
 @pytest.fixture
 def pretend_gpu(monkeypatch):
-  monkeypatch.setattr(_compat, "device_sm_count", lambda: 132)
+  monkeypatch.setattr(_compat, "on_hopper", lambda: True)
 
 
 def test_the_default_routes_each_gemm_of_a_training_step(pretend_gpu):
