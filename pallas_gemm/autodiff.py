@@ -91,6 +91,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
+  activation = epilogue_lib.activation_name(activation)
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)

@@ -66,6 +66,49 @@ ACTIVATIONS = {
 """Activation name -> f32 function."""
 
 
+ALIASES = {"gelu": "gelu_tanh", "swish": "silu"}
+"""Other names users bring from jax.nn (`gelu` is the tanh form there, as here)."""
+
+
+def activation_name(activation, argument: str = "activation") -> str | None:
+  """The epilogue's name for `activation`: None, a name of `ACTIVATIONS` or `ALIASES`,
+  or one of the jax.nn functions the epilogue implements (flax.nnx re-exports them):
+  relu, gelu (either `approximate`, through `functools.partial`), silu/swish, sigmoid.
+
+  >>> import functools, jax
+  >>> activation_name("gelu"), activation_name(jax.nn.silu), activation_name(
+  ...     functools.partial(jax.nn.gelu, approximate=False))
+  ('gelu_tanh', 'silu', 'gelu_exact')
+  >>> activation_name(jax.nn.tanh)  # doctest: +ELLIPSIS
+  Traceback (most recent call last):
+  ...
+  ValueError: activation must be None, one of ['gelu', 'gelu_exact', 'gelu_tanh', 'relu', 'sigmoid', 'silu', 'swish'] or the jax.nn function of one, got <PjitFunction of <function tanh at ...>>
+  """
+  if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
+    return activation
+  if isinstance(activation, str) and activation in ALIASES:
+    return ALIASES[activation]
+  import functools
+
+  import jax
+
+  fn, kwargs = activation, {}
+  if isinstance(fn, functools.partial) and not fn.args:
+    fn, kwargs = fn.func, dict(fn.keywords)
+  functions = {jax.nn.relu: "relu", jax.nn.silu: "silu", jax.nn.swish: "silu",
+               jax.nn.sigmoid: "sigmoid"}
+  try:
+    if fn in functions and not kwargs:
+      return functions[fn]
+    if fn is jax.nn.gelu and set(kwargs) <= {"approximate"}:
+      return "gelu_tanh" if kwargs.get("approximate", True) else "gelu_exact"
+  except TypeError:  # unhashable
+    pass
+  names = sorted([*ACTIVATIONS, *ALIASES])
+  raise ValueError(f"{argument} must be None, one of {names} or the jax.nn function of one, "
+                   f"got {activation!r}")
+
+
 def _gelu_tanh_slope(x):
   c = math.sqrt(2.0 / math.pi)
   t = jnp.tanh(c * (x + 0.044715 * (x * x * x)))

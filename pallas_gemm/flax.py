@@ -48,13 +48,15 @@ class Linear(nnx.Linear):
 
   Args:
     in_features, out_features, **kwargs: as `nnx.Linear` (`dot_general` is unused).
-    activation: None or an activation name of `pallas_gemm.epilogue.ACTIVATIONS`.
+    activation: as `pallas_gemm.matmul` (a name or a jax.nn / flax.nnx function;
+      checked here, not at the first call).
     implementation: as `pallas_gemm.matmul`; None picks the kernel on a GPU, and
       XLA elsewhere or for operand dtypes the kernel does not take.
   """
 
   def __init__(self, in_features: int, out_features: int, *, activation: str | None = None,
                implementation: str | None = None, **kwargs):
+    activation = epilogue_lib.activation_name(activation)
     super().__init__(in_features, out_features, **kwargs)
     self.activation = activation
     self.implementation = implementation
@@ -163,7 +165,7 @@ class Fp8Linear(nnx.Module):
     in_features, out_features: as `nnx.Linear`.
     use_bias, kernel_init, bias_init, param_dtype: as `nnx.Linear`.
     dtype: compute dtype of the backward GEMMs and of the output (bf16 default).
-    activation: None or an activation name of `pallas_gemm.epilogue.ACTIVATIONS`.
+    activation: as `pallas_gemm.matmul` (a name or a jax.nn / flax.nnx function).
     amax_history_len: entries kept per history (default 16).
     margin: scales are divided by 2**margin (headroom).
     backward: "bf16" or "e5m2": the backward GEMMs' operands (see above).
@@ -181,9 +183,7 @@ class Fp8Linear(nnx.Module):
                kernel_init=nnx.initializers.lecun_normal(), bias_init=nnx.initializers.zeros,
                activation: str | None = None, amax_history_len: int = 16, margin: int = 0,
                backward: str = "bf16", implementation: str | None = None, rngs: nnx.Rngs):
-    if activation is not None and activation not in epilogue_lib.ACTIVATIONS:
-      raise ValueError(f"activation must be None or one of {sorted(epilogue_lib.ACTIVATIONS)}, "
-                       f"got {activation!r}")
+    activation = epilogue_lib.activation_name(activation)
     if backward not in BACKWARDS:
       raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if amax_history_len < 1:

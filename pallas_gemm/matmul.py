@@ -60,7 +60,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       `transpose_b` costs an XLA transpose of `b` (store it (N, K) to avoid it).
       Leading (batch) dims of `a` and `b` must be equal, or one operand 2-D.
     bias: (N,) per-column bias, added in f32, or None.
-    activation: None, "relu", "gelu_tanh", "gelu_exact", "silu" or "sigmoid".
+    activation: None, "relu", "gelu_tanh" (or "gelu", as jax.nn.gelu), "gelu_exact",
+      "silu" (or "swish"), "sigmoid", or the jax.nn function of one (`jax.nn.relu`,
+      `functools.partial(jax.nn.gelu, approximate=False)`, ...).
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
       not with fp8 outputs.
     alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
@@ -95,6 +97,7 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), got {type(value).__name__}")
   if config is not None and not isinstance(config, GemmConfig):
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+  activation = epilogue_lib.activation_name(activation)
   a, b = jnp.asarray(a), jnp.asarray(b)
   problem, batch_shape = _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = _check_extras(problem, batch_shape, row_bias, residual)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import autodiff
+from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.matmul import (IMPLEMENTATIONS, _epilogue_spec, _kernel_matmul, _problem,
@@ -58,7 +59,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
     b_scale: likewise for `b`: a scalar, or (N,) per column of the result.
     out_dtype: bfloat16, float16, float32, float8_e4m3fn or float8_e5m2.
     bias: (N,) added in f32 after the scales, or None.
-    activation: None, "relu", "gelu_tanh", "gelu_exact", "silu" or "sigmoid".
+    activation: None, "relu", "gelu_tanh" (or "gelu"), "gelu_exact", "silu" (or "swish"),
+      "sigmoid", or the jax.nn function of one (`epilogue.activation_name`).
     out_scale: fp8 `out_dtype` only: a runtime scalar multiplying y before the
       saturating cast (+-448 e4m3, +-57344 e5m2); None means 1.
     return_amax: also return amax = max |y| (f32 scalar), taken in the kernel's
@@ -91,7 +93,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
   if out_dtype is None:
     raise TypeError("out_dtype must be a dtype, got None")
   problem, batch_shape = _problem(a, b, False, transpose_b, bias, None, 0.0, out_dtype)
-  spec = _epilogue_spec(problem, activation, 1.0, 0.0, None, None)
+  spec = _epilogue_spec(problem, epilogue_lib.activation_name(activation), 1.0, 0.0, None, None)
   m, n = problem.m, problem.n
   a_scale = _scale("a_scale", a_scale, m, "M")
   b_scale = _scale("b_scale", b_scale, n, "N")
