@@ -67,7 +67,7 @@ from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
-from pallas_gemm.matmul import IMPLEMENTATIONS
+from pallas_gemm.matmul import IMPLEMENTATIONS, check_flags, check_real
 
 
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
@@ -92,6 +92,8 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
       raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
                       f"got {type(value).__name__}")
   activation = epilogue_lib.activation_name(activation)
+  check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
+  check_real(bias=bias, c=c, row_bias=row_bias, residual=residual)
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)

@@ -122,6 +122,34 @@ class GemmConfig:
   split_k: int = 1
   stream_k: bool = False
 
+  def __post_init__(self):
+    """Types, checked at construction (a cache file's entries too): positive ints where
+    counts go, pairs as tuples (a list would make the config unhashable)."""
+    def fail(field, msg):
+      raise ValueError(f"GemmConfig.{field}={getattr(self, field)!r}: {msg}")
+
+    def positive_int(x):
+      return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    for field in ("tile_m", "tile_n", "tile_k", "stages", "group", "split_k"):
+      if not positive_int(getattr(self, field)):
+        fail(field, "must be an int >= 1")
+    if self.num_sms is not None and not positive_int(self.num_sms):
+      fail("num_sms", "must be None or an int >= 1")
+    for field in ("cluster", "epilogue_tile"):
+      value = getattr(self, field)
+      if value is None and field == "epilogue_tile":
+        continue
+      if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(
+          positive_int(v) for v in value):
+        fail(field, "must be a pair of ints >= 1" + (" or None" if field == "epilogue_tile" else ""))
+      object.__setattr__(self, field, tuple(value))
+    if not isinstance(self.stream_k, bool):
+      fail("stream_k", "must be a bool")
+    for field in ("schedule", "wg_split", "raster"):
+      if not isinstance(getattr(self, field), str):
+        fail(field, "must be a str")
+
   # -- derived shapes -------------------------------------------------------
   @property
   def wg_tile(self) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
@@ -118,8 +119,30 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
 
 
 # -- argument checking --------------------------------------------------------
+def check_flags(**flags) -> None:
+  """Transpose flags are bools (numpy's too): a string such as "False" is truthy.
+
+  >>> check_flags(transpose_a="False")
+  Traceback (most recent call last):
+  ...
+  TypeError: transpose_a must be a bool, got 'False'
+  """
+  for name, value in flags.items():
+    if not isinstance(value, (bool, np.bool_)):
+      raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def check_real(**arrays) -> None:
+  """Addends are real: a complex bias or c would lose its imaginary part."""
+  for name, x in arrays.items():
+    if x is not None and jnp.iscomplexobj(x):
+      raise TypeError(f"{name} must be real, got {jnp.result_type(x)}")
+
+
 def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   """Checks the arguments; returns the GemmProblem and the batch shape."""
+  check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
+  check_real(bias=bias, c=c)
   for name, x in (("a", a), ("b", b)):
     if x.ndim < 2:
       raise ValueError(f"{name} must have at least 2 dims, got shape {x.shape}")
@@ -183,6 +206,8 @@ def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
         v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool)) for v in clamp):
       raise TypeError(f"clamp must be a (lo, hi) pair of Python numbers or None, got {clamp!r}")
     bounds = tuple(None if v is None else float(v) for v in clamp)
+    if any(v is not None and math.isnan(v) for v in bounds):
+      raise ValueError(f"clamp bounds must not be NaN, got {clamp!r}")
     if None not in bounds and bounds[0] > bounds[1]:
       raise ValueError(f"clamp: lo {bounds[0]} > hi {bounds[1]}")
   saturate = None
@@ -228,7 +253,8 @@ def _epilogue_in_xla(out_dtype, spec, acc, *, bias=None, c=None, row_bias=None, 
                             row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None])
   y = epilogue_lib.finish(spec, pre, residual=residual)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
-  results = (out,) + (pre.astype(out_dtype),) * return_pre + (jnp.max(jnp.abs(y)),) * amax
+  results = ((out,) + ((pre.astype(out_dtype),) if return_pre else ())
+             + ((jnp.max(jnp.abs(y)),) if amax else ()))
   return results if len(results) > 1 else out
 
 

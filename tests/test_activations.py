@@ -55,3 +55,27 @@ def test_flax_layers_check_at_construction():
     pallas_gemm.flax.Linear(4, 8, activation=nnx.tanh, rngs=rngs)
   with pytest.raises(ValueError, match="^activation must be None"):
     pallas_gemm.flax.Fp8Linear(4, 8, activation="tanh", rngs=rngs)
+
+
+# -- other inputs that were accepted and should not be (issue 20) -----------------
+A = jnp.ones((8, 16), jnp.float32)
+B = jnp.ones((16, 4), jnp.float32)
+
+
+@pytest.mark.parametrize("flag", ["transpose_a", "transpose_b"])
+def test_transpose_flags_must_be_bools(flag):
+  with pytest.raises(TypeError, match=f"^{flag} must be a bool, got 'False'"):
+    pallas_gemm.matmul(A, B, implementation="xla", **{flag: "False"})
+  assert pallas_gemm.matmul(A, B, implementation="xla", **{flag: np.False_}).shape == (8, 4)
+
+
+@pytest.mark.parametrize("name, value", [("bias", jnp.ones((4,), jnp.complex64)),
+                                         ("c", jnp.ones((8, 4), jnp.complex64))])
+def test_complex_addends_are_refused(name, value):
+  with pytest.raises(TypeError, match=f"^{name} must be real"):
+    pallas_gemm.matmul(A, B, implementation="xla", beta=1.0, **{name: value})
+
+
+def test_nan_clamp_bounds_are_refused():
+  with pytest.raises(ValueError, match="clamp bounds must not be NaN"):
+    pallas_gemm.matmul(A, B, clamp=(float("nan"), 1.0), implementation="xla")

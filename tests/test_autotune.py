@@ -61,7 +61,7 @@ def test_make_problem_rejects_bad_arguments(args, match):
 
 # -- the candidates -----------------------------------------------------------
 def _shape_key(config):
-    return dataclasses.replace(config, stages=0)
+    return dataclasses.replace(config, stages=1)
 
 
 @pytest.mark.parametrize("problem", [
