@@ -265,8 +265,8 @@ def _column_sums(call, x):
   >>> _column_sums(GemmCall(out_dtype="bfloat16", implementation="xla"), x).tolist()
   [6.0, 9.0]
   """
-  rows = x.reshape(-1, x.shape[-1])
-  if sharding.explicit_mesh(x) is not None:
+  rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # -1 cannot be inferred from 0
+  if sharding.explicit_mesh(x) is not None or 0 in rows.shape:
     return jnp.sum(rows, axis=0, dtype=jnp.float32)
   ones = jnp.ones((1, rows.shape[0]), x.dtype)
   linear = GemmCall(out_dtype="float32", implementation=call.implementation,

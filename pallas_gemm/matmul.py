@@ -107,6 +107,8 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     c = None
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
+  if 0 in (problem.m, problem.n, problem.k, problem.batch):
+    implementation = "xla"  # empty: what lax returns (the epilogue of zeros when K = 0)
   if implementation == "auto":  # a config or tuning asked for means the kernel
     implementation = ("pallas" if config or autotune else route.choose(problem)[0]
                       ) if _compat.on_hopper() else "xla"
@@ -157,8 +159,6 @@ def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   if k != kb:
     raise ValueError(f"contracting dims differ: a gives K={k}, b gives K={kb} "
                      f"(shapes {a.shape}, {b.shape}, transpose_a={transpose_a}, transpose_b={transpose_b})")
-  if min(m, n, k) < 1:
-    raise ValueError(f"M, N, K must be >= 1, got M={m}, N={n}, K={k}")
   batch_a, batch_b = a.shape[:-2], b.shape[:-2]
   if batch_a and batch_b and batch_a != batch_b:
     raise ValueError(f"batch dims of a {batch_a} and b {batch_b} must be equal (or one operand 2-D)")

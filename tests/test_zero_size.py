@@ -1,0 +1,34 @@
+"""Zero-size extents (issue 20): M, N or K = 0, or an empty batch, give what lax gives, on
+every implementation: an empty array, or the epilogue applied to zeros when K = 0, and
+gradients of the same shapes and values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_gemm
+
+CASES = [((), 0, 4, 3), ((), 2, 0, 3), ((), 2, 4, 0), ((0,), 2, 4, 3), ((3,), 0, 4, 3)]
+
+
+def _reference(a, b, bias):
+  return jax.nn.gelu(jnp.matmul(a, b) + bias, approximate=True)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize("batch, m, k, n", CASES)
+def test_empty_extents_match_lax(implementation, batch, m, k, n):
+  key_a, key_b, key_c = jax.random.split(jax.random.key(m * 100 + k * 10 + n), 3)
+  a = jax.random.normal(key_a, (*batch, m, k), jnp.float32)
+  b = jax.random.normal(key_b, (*batch, k, n), jnp.float32)
+  bias = jax.random.normal(key_c, (n,), jnp.float32)
+  ours = lambda a, b, bias: pallas_gemm.matmul(a, b, bias=bias, activation="gelu_tanh",
+                                               implementation=implementation)
+  np.testing.assert_allclose(ours(a, b, bias), _reference(a, b, bias), rtol=1e-6, atol=1e-6)
+  loss = lambda f: lambda a, b, bias: jnp.sum(f(a, b, bias) ** 2)
+  got = jax.grad(loss(ours), argnums=(0, 1, 2))(a, b, bias)
+  want = jax.grad(loss(_reference), argnums=(0, 1, 2))(a, b, bias)
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
