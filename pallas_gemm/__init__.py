@@ -7,6 +7,8 @@
 (128, 256)
 """
 
+from importlib import metadata as _metadata
+
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.autotune import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
@@ -15,6 +17,11 @@ from pallas_gemm.ragged_dot import ragged_dot
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
+
+try:
+  __version__ = _metadata.version("pallas-gemm")
+except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
+  __version__ = "0+unknown"
 
 __all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "dot_general", "fp8_linear",
            "lookup_config", "make_dot_general", "matmul", "ragged_dot", "scaled_matmul"]
