@@ -126,6 +126,8 @@ def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
       _broadcast_batch(x, batched, batch) if x is not None and (batched or x.ndim > 2) else x
       for x, batched in ((a, a_batched), (b, b_batched), (c, c_batched),
                          (residual, residual_batched)))
+  if a.ndim == b.ndim == 2 and any(x is not None and x.ndim > 2 for x in (c, residual)):
+    a = _broadcast_batch(a, False, batch)  # only an addend is batched: so is the product
   if not (bias_batched or row_bias_batched):
     return gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual)
   # The kernel's biases are single rows: the epilogue of per-example biases runs in XLA.
