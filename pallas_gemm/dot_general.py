@@ -12,11 +12,13 @@ Drop it into Flax (`nnx.Linear(..., dot_general=pallas_gemm.dot_general)`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_gemm import autodiff
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
@@ -85,6 +87,11 @@ def make_dot_general(*, implementation: str | None = None):
 def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                  out_sharding, *, implementation):
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  # lax's own checks and errors (a trace, no computation): what lax refuses, so do we.
+  jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=dimension_numbers,
+                                   precision=precision,
+                                   preferred_element_type=preferred_element_type), lhs, rhs)
+  dimension_numbers = _canonical(dimension_numbers)
   mapping = _Mapping.of(lhs, rhs, dimension_numbers, precision, preferred_element_type)
   if mapping is None:
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
@@ -98,6 +105,17 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
   if out_sharding is not None:
     out = jax.sharding.reshard(out, out_sharding)
   return out
+
+
+def _canonical(dimension_numbers):
+  """Dimension numbers with every entry a tuple (lax also takes bare ints).
+
+  >>> _canonical(((1, 0), ((), ())))
+  (((1,), (0,)), ((), ()))
+  """
+  as_tuple = lambda d: (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(x) for x in d)
+  (lc, rc), (lb, rb) = dimension_numbers
+  return (as_tuple(lc), as_tuple(rc)), (as_tuple(lb), as_tuple(rb))
 
 
 @dataclasses.dataclass(frozen=True)

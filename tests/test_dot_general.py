@@ -157,3 +157,26 @@ def test_vmap_over_dot_general():
   ref = jax.vmap(lambda x: lax.dot_general(x, rhs, dn, preferred_element_type=jnp.float32))(lhs)
   assert _rel_err(ours, ref) < 1e-6
 
+
+
+# -- lax's inputs and errors (issue 20) ------------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_bare_int_dimension_numbers_are_lax_s_too(dtype):
+  a, b = jnp.ones((3, 4), dtype), jnp.ones((4, 5), dtype)
+  for dn in [((1, 0), ((), ())), (((1,), (0,)), ((), ()))]:
+    assert dot_general(a, b, dn).shape == jax.lax.dot_general(a, b, dn).shape
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("dn, precision", [
+    ((((2,), (1,)), ((0,), (0,))), "bogus"),         # not a precision
+    ((((0,), (0,)), ((0,), (0,))), None),            # a batch dim that also contracts
+    ((((2,), (2,)), ((0,), (0,))), None),            # contracting extents differ
+])
+def test_what_lax_refuses_is_refused_with_lax_s_error(dtype, dn, precision):
+  lhs, rhs = jnp.ones((2, 3, 4), dtype), jnp.ones((2, 4, 5), dtype)
+  with pytest.raises(Exception) as theirs:
+    jax.lax.dot_general(lhs, rhs, dn, precision=precision)
+  with pytest.raises(type(theirs.value)) as ours:
+    dot_general(lhs, rhs, dn, precision=precision)
+  assert str(ours.value) == str(theirs.value)
