@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 
 
@@ -90,8 +91,6 @@ def activation_name(activation, argument: str = "activation") -> str | None:
     return ALIASES[activation]
   import functools
 
-  import jax
-
   fn, kwargs = activation, {}
   if isinstance(fn, functools.partial) and not fn.args:
     fn, kwargs = fn.func, dict(fn.keywords)
@@ -107,6 +106,18 @@ def activation_name(activation, argument: str = "activation") -> str | None:
   names = sorted([*ACTIVATIONS, *ALIASES])
   raise ValueError(f"{argument} must be None, one of {names} or the jax.nn function of one, "
                    f"got {activation!r}")
+
+
+def abs_max(x):
+  """max |x| (f32) that propagates NaN on every backend: the max runs on the bits of |x|,
+  which order like |x| and put NaN above Inf (XLA's CPU max, and the GPU's float max
+  instruction, return the other operand of a NaN).
+
+  >>> float(abs_max(jnp.array([1.0, -3.0]))), float(abs_max(jnp.array([1.0, jnp.nan, jnp.inf])))
+  (3.0, nan)
+  """
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
+  return jax.lax.bitcast_convert_type(jnp.max(bits & jnp.int32(0x7FFFFFFF)), jnp.float32)
 
 
 def _gelu_tanh_slope(x):

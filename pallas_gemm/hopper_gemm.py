@@ -446,7 +446,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
               # flight, so the previous tile's amax store, issued before it, has
               # finished reading amax_smem[wg].
               for ii, maxima in enumerate((*row_maxima, row_max)):
-                amax_smem[wg, pl.ds(ii * em, em)] = maxima
+                amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(
+                    maxima, jnp.float32)
           y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
@@ -457,16 +458,19 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
         row_maxima.append(row_max)
 
     def _row_abs_max(y, first_col):
-      """max |y| along each row of an epilogue chunk, columns >= valid_n left out.
+      """max |y| along each row of an epilogue chunk, columns >= valid_n left out, as
+      the int32 bits of the f32 result (bitcast back when stored).
 
-      A reduction along rows stays inside each warp (shuffles): no shared scratch,
+      |y|'s bits order like |y| and put NaN above Inf, so an integer max propagates
+      NaN as XLA's max does (a float max on the GPU returns the other operand). A
+      reduction along rows stays inside each warp (shuffles): no shared scratch,
       which the two consumer warpgroups would otherwise race on.
       """
-      y = jnp.abs(y)
+      bits = lax.bitcast_convert_type(y, jnp.int32) & jnp.int32(0x7FFFFFFF)
       if p.valid_n % wn:  # the column tiles past valid_n are dropped by the caller
         cols = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1)
-        y = jnp.where(cols < p.valid_n, y, 0.0)
-      return jnp.max(y, axis=1)
+        bits = jnp.where(cols < p.valid_n, bits, 0)
+      return jnp.max(bits, axis=1)
 
     lax.cond(wg == 2, producer, consumer)
 

@@ -254,7 +254,7 @@ def _epilogue_in_xla(out_dtype, spec, acc, *, bias=None, c=None, row_bias=None, 
   y = epilogue_lib.finish(spec, pre, residual=residual)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
   results = ((out,) + ((pre.astype(out_dtype),) if return_pre else ())
-             + ((jnp.max(jnp.abs(y)),) if amax else ()))
+             + ((epilogue_lib.abs_max(y),) if amax else ()))
   return results if len(results) > 1 else out
 
 
@@ -473,5 +473,5 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   if amax:
     # partial[..., j, r]: max |y| of row r over the j-th warpgroup column tile.
     partial = outs[-1][..., :-(-n // config.wg_tile[1]), :problem.m]
-    results += (jnp.max(partial),)
+    results += (epilogue_lib.abs_max(partial),)
   return results

@@ -376,3 +376,21 @@ def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
   assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
                        "--implementation", "xla", "--log-every", "20", "--backward", "e5m2"]) == 0
   assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+def test_amax_propagates_nan_as_xla_on_a_gpu_does(implementation):
+  """A diverged step must not hide behind a finite amax (issue 20): max over |y|'s bits."""
+  if implementation == "interpret" and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS:
+    pytest.skip("the GPU interpreter of this jax cannot run fp8 operands")
+  k1, k2 = jax.random.split(jax.random.key(3))
+  a = jax.random.normal(k1, (200, 128), jnp.float32).at[5, 7].set(jnp.nan)
+  b = jax.random.normal(k2, (136, 128), jnp.float32)
+  one = jnp.float32(1)
+  y, amax = scaled_matmul(a.astype(E4M3), b.astype(E4M3), one, one, out_dtype=jnp.bfloat16,
+                          return_amax=True, implementation=implementation)
+  assert np.isnan(np.asarray(y, np.float32)[5]).all() and np.isnan(float(amax))
+  _, finite = scaled_matmul(a.at[5, 7].set(0.0).astype(E4M3), b.astype(E4M3), one, one,
+                            out_dtype=jnp.bfloat16, return_amax=True,
+                            implementation=implementation)
+  assert np.isfinite(float(finite)) and float(finite) > 0
