@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from pallas_gemm import smem
 from pallas_gemm.config import GemmProblem
+from pallas_gemm.split_k import PEAK_FLOPS  # H100 SXM dense bf16; an H200's is the same
 
 MIN_K = 64
 """Below one K step of the default tile (64 bf16 elements, a 128-byte swizzle span)."""
@@ -40,9 +41,6 @@ than cuBLAS's per launch, NOTES exp. 43)."""
 MAX_COPY_FRACTION = 1.0
 """A memory-bound GEMM whose padding copy moves more than this fraction of its own bytes
 goes to XLA."""
-
-PEAK_FLOPS = 989.4e12
-"""H100 SXM dense bf16 (an H200 has the same tensor cores)."""
 
 HBM_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 (an H200's 4.8 TB/s only makes more GEMMs short)."""
