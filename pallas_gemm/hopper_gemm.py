@@ -37,16 +37,11 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
-
-MEMORY_REGISTERS = 40
-"""Registers per thread left to the producer warpgroup (setmaxnreg)."""
-
-COMPUTE_REGISTERS = 232
-"""Registers per consumer thread: (512 - 40) / 2, rounded down to a multiple of 8."""
 
 EXPERIMENT_COMPILER_PARAMS: dict = {}
 """Extra `plgpu.CompilerParams` fields for benchmark experiments only (NOTES.md);
@@ -153,7 +148,6 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
   em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
   slots = cfg.epilogue_slots
-  stages = cfg.stages
   pingpong = cfg.schedule == "pingpong"
   out_dtype = out_gmem.dtype
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
@@ -161,16 +155,11 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
   cm, cn = cfg.cluster
   a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
   b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
-  # Both consumers release every stage, in pingpong too (see `skim` below).
-  if cfg.cluster_size > 1:
-    consumed_type = plgpu.ClusterBarrier(
-        collective_axes=("cluster",), num_arrivals=2, num_barriers=stages)
-  else:
-    consumed_type = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
-  def scoped(a_smem, b_smem, loaded, consumed, out_smem, bias_smem, bias_loaded, c_loaded,
+  def scoped(ring_refs, out_smem, bias_smem, bias_loaded, c_loaded,
              row_bias_smem, row_bias_loaded, res_smem, res_loaded, row_scale_smem,
              row_scale_loaded, col_scale_smem, col_scale_loaded, amax_smem):
+    ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
 
     def for_each_unit(visit):
@@ -182,11 +171,9 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
       """
       sm, kt = lax.axis_index("sm"), p.k_iters
       if sk is None:
-        @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
-        def _(info):
-          visit(info.local_index * kt, info.index[0], 0, kt)
-
-        return lax.div(p.num_tiles - sm + p.workers - 1, p.workers) * kt
+        return pipeline.persistent_loop(
+            p.num_tiles, lambda index, _, step0: visit(step0, index, 0, kt),
+            steps_of=kt, workers=p.workers)
       start, length = sk.range_of(sm)
       first = lax.div(start, kt)
       end = jnp.where(length > 0, lax.div(start + length + kt - 1, kt), first)
@@ -209,8 +196,6 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
       return (worker * cfg.cluster_size + cta) * 2 + wg
 
     def producer():
-      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-
       def load_unit(step0, tile_index, kb, ke):
         out_batch, mi, ni = _tile_position(p, tile_index)
         # K slice and operand batch of this tile (slice 0 and out_batch without split-K).
@@ -220,13 +205,6 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
 
         @pl.loop(kb, ke)
         def _(k):
-          step = step0 + k - kb
-          buf = lax.rem(step, stages)
-
-          @pl.when(step >= stages)
-          def _():
-            plgpu.barrier_wait(consumed.at[buf])
-
           k0 = (k_slice * p.k_iters + k) * tk  # past K: TMA zero-fills (last slice only)
           rows_a, cols_a = pl.ds(mi * tm, tm), pl.ds(k0, tk)
           if prob.transpose_a:
@@ -234,24 +212,14 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
           rows_b, cols_b = pl.ds(k0, tk), pl.ds(ni * tn, tn)
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
-          plgpu.copy_gmem_to_smem(
-              _at(a_gmem, batch_idx, rows_a, cols_a), a_smem.at[buf],
-              loaded.at[buf], collective_axes=a_collective)
-          plgpu.copy_gmem_to_smem(
-              _at(b_gmem, batch_idx, rows_b, cols_b), b_smem.at[buf],
-              loaded.at[buf], collective_axes=b_collective)
+          ring.fill(step0 + k - kb,
+                    (_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)),
+                    (a_collective, b_collective))
 
-      steps = for_each_unit(load_unit)
+      ring.drain(for_each_unit(load_unit))
 
-      # Wait for the last stages to be released, so that no peer CTA arrives
-      # on (or multicasts into) this CTA's SMEM after it has exited.
-      @pl.loop(jnp.maximum(steps - stages, 0), steps)
-      def _(step):
-        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
-
-    def operands(buf):
-      """This warpgroup's WGMMA views of the A and B tiles in ring slot `buf`."""
-      a_tile, b_tile = a_smem.at[buf], b_smem.at[buf]
+    def operands(_, a_tile, b_tile):
+      """This warpgroup's WGMMA views of a ring stage's A and B tiles."""
       if prob.transpose_a:
         a_tile = _compat.transpose_2d(a_tile)
       elif not pingpong and cfg.wg_split == "m":
@@ -296,20 +264,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
-        @pl.loop(kb, ke)
-        def _(k):
-          step = step0 + k - kb
-          buf = lax.rem(step, stages)
-          plgpu.barrier_wait(loaded.at[buf])
-          plgpu.wgmma(acc, *operands(buf))
-          plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
-
-          @pl.when(k > kb)
-          def _():
-            plgpu.barrier_arrive(consumed.at[lax.rem(step - 1, stages)])
-
+        ring.mma(acc, step0, kb, ke, operands)
         result = acc[...]
-        plgpu.barrier_arrive(consumed.at[lax.rem(step0 + ke - kb - 1, stages)])
         if whole:
           _epilogue(result, batch_idx, row0, col0, scalars)
           return
@@ -336,35 +292,21 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
         partials.append((partials_gmem.at[partial_slot(worker)], valid))
       _epilogue(result, batch_idx, row0, col0, scalars, partials)
 
-    def skim(step0):
-      """Pingpong: pass over the other warpgroup's stages (wait, release).
-
-      Every consumer waits on every phase of every `loaded` barrier, which keeps
-      Pallas' per-thread phase tracking right, and the producer refills a slot
-      only once both consumers released it. Runs after this warpgroup's own
-      epilogue, so that epilogue overlaps the other warpgroup's main loop.
-      """
-      @pl.loop(0, p.k_iters)
-      def _(k):
-        buf = lax.rem(step0 + k, stages)
-        plgpu.barrier_wait(loaded.at[buf])
-        plgpu.barrier_arrive(consumed.at[buf])
-
     def consumer():
-      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-
       if not pingpong:
         for_each_unit(compute_unit)
         plgpu.wait_smem_to_gmem(0)
         return
 
-      @plgpu.nd_loop((p.num_tiles,), collective_axes="sm")
-      def _(info):
-        step0 = info.local_index * p.k_iters
-        mine = lax.rem(info.local_index, 2) == wg
-        pl.when(mine)(lambda: compute_unit(step0, info.index[0], 0, p.k_iters))
-        pl.when(jnp.logical_not(mine))(lambda: skim(step0))
+      # Pingpong: warpgroups take turns; each passes over the other's stages (`Ring.skip`)
+      # after its own tile's epilogue, which so overlaps the other's main loop. Both
+      # consumers wait on and release every stage, as the ring requires.
+      def alternate(index, local_index, step0):
+        mine = lax.rem(local_index, 2) == wg
+        pl.when(mine)(lambda: compute_unit(step0, index, 0, p.k_iters))
+        pl.when(jnp.logical_not(mine))(lambda: ring.skip(step0, p.k_iters))
 
+      pipeline.persistent_loop(p.num_tiles, alternate, steps_of=p.k_iters, workers=p.workers)
       plgpu.wait_smem_to_gmem(0)
 
     def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
@@ -472,14 +414,13 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
         bits = jnp.where(cols < p.valid_n, bits, 0)
       return jnp.max(bits, axis=1)
 
-    lax.cond(wg == 2, producer, consumer)
+    pipeline.warp_specialized(producer, consumer)
 
   pl.run_scoped(
       scoped,
-      a_smem=plgpu.SMEM((stages, *a_block), a_gmem.dtype, transforms=p.a_transforms),
-      b_smem=plgpu.SMEM((stages, *b_block), b_gmem.dtype, transforms=p.b_transforms),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      consumed=consumed_type,
+      ring_refs=pipeline.ring_scratch(
+          cfg.stages, [(a_block, a_gmem.dtype, p.a_transforms), (b_block, b_gmem.dtype, p.b_transforms)],
+          cluster=cfg.cluster_size > 1),
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
       bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
       bias_loaded=None if bias_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -629,22 +570,14 @@ def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale,
   outputs = len(out_type)
   if plan.stream_k:  # the contributors' f32 partial sums
     out_type += (jax.ShapeDtypeStruct((plan.partial_slots, *config.wg_tile), jnp.float32),)
-  cluster_kwargs = {}
-  if config.cluster_size > 1:
-    cluster_kwargs = dict(cluster=(config.cluster_size,), cluster_names=("cluster",))
-  kernel = plgpu.kernel(
+  kernel = pipeline.launch(
       compile_once.named_body(_kernel_name(problem, epilogue), _kernel, p=plan),
       out_type=out_type if len(out_type) > 1 else out_type[0],
-      grid=(num_sms // config.cluster_size,),
-      grid_names=("sm",),
-      num_threads=3,
-      thread_name="wg",
+      workers=plan.workers, cluster_size=config.cluster_size,
       compiler_params=_compat.compiler_params(
           approx_math=_use_approx_math(problem, epilogue), **extra_params,
           **dict(experiment)),
-      interpret=interpret,
-      **cluster_kwargs,
-  )
+      interpret=interpret)
   results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
   if len(out_type) == 1:
     return results

@@ -57,11 +57,11 @@ import numpy as np
 
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
+from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES,
                                 SMEM_LIMIT_BYTES, SMEM_RESERVED_BYTES, tiles)
-from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, MEMORY_REGISTERS
 
 UNROLL_GROUPS = 32
 """Up to this many groups the in-kernel item decoder is unrolled."""
@@ -317,100 +317,66 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   wm, wn = cfg.wg_tile
   em, en = cfg.epilogue_tile
   sn = cfg.stage_cols(prob.out_dtype)
-  stages, slots = cfg.stages, 2
+  stores = pipeline.StoreSlots()
+  slots = stores.slots
   in_dtype, out_dtype = lhs_gmem.dtype, out_gmem.dtype
   ab_tf = smem.tile_transforms(in_dtype, p.ab_swizzle)
   out_tf = smem.tile_transforms(out_dtype, p.out_swizzle)
   rhs_block = (tn, tk) if prob.transpose_rhs else (tk, tn)
-  grid = (p.m_items * p.n_tiles,)
+  grid_size = p.m_items * p.n_tiles
 
   def position(decode, tile_index):
     w, ni = raster.tile_coords(tile_index, p.m_items, p.n_tiles,
                                group=cfg.group, order=cfg.raster)
     return decode(w), ni
 
-  def scoped(a_smem, b_smem, loaded, consumed, out_smem, stage_smem):
+  def scoped(ring_refs, out_smem, stage_smem):
+    ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
 
     def producer():
-      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
       decode = _item_decoder(sizes_gmem, p)
 
-      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
-      def steps(info, carry):
-        item, ni = position(decode, info.index[0])
+      def load_item(index, _, step0):
+        item, ni = position(decode, index)
 
         @pl.when(item.compute)
         def _():
           @pl.loop(0, p.k_iters)
           def _(k):
-            step = carry + k
-            buf = lax.rem(step, stages)
-
-            @pl.when(step >= stages)
-            def _():
-              plgpu.barrier_wait(consumed.at[buf])
-
-            plgpu.copy_gmem_to_smem(
-                lhs_gmem.at[pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm),
-                            pl.ds(k * tk, tk)],
-                a_smem.at[buf], loaded.at[buf])
             if prob.transpose_rhs:
               rows, cols = pl.ds(ni * tn, tn), pl.ds(k * tk, tk)
             else:
               rows, cols = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
-            plgpu.copy_gmem_to_smem(
-                rhs_gmem.at[item.group, rows, cols], b_smem.at[buf], loaded.at[buf])
+            ring.fill(step0 + k, (
+                lhs_gmem.at[pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm),
+                            pl.ds(k * tk, tk)],
+                rhs_gmem.at[item.group, rows, cols]))
 
-        return carry + jnp.where(item.compute, p.k_iters, 0)
+        return jnp.where(item.compute, p.k_iters, 0)
 
-      # Every phase of `consumed` is waited on (Pallas tracks phases per thread).
-      @pl.loop(jnp.maximum(steps - stages, 0), steps)
-      def _(step):
-        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+      ring.drain(pipeline.persistent_loop(grid_size, load_item))
 
-    def operands(buf):
-      a_tile = a_smem.at[buf].at[pl.ds(wg * wm, wm), :]
-      b_tile = b_smem.at[buf]
-      if prob.transpose_rhs:
-        b_tile = _compat.transpose_2d(b_tile)
-      return a_tile, b_tile
+    def operands(_, a_stage, b_stage):
+      a_tile = a_stage.at[pl.ds(wg * wm, wm), :]
+      return a_tile, _compat.transpose_2d(b_stage) if prob.transpose_rhs else b_stage
 
     def consumer():
-      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
       decode = _item_decoder(sizes_gmem, p)
 
-      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
-      def _(info, carry):
-        item, ni = position(decode, info.index[0])
+      def compute_item(index, _, step0):
+        item, ni = position(decode, index)
 
         @pl.when(item.active)
         def _():
           @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
           def _(acc):
-            @pl.when(item.compute)
-            def _():
-              @pl.loop(0, p.k_iters)
-              def _(k):
-                buf = lax.rem(carry + k, stages)
-                plgpu.barrier_wait(loaded.at[buf])
-                plgpu.wgmma(acc, *operands(buf))
-                plgpu.wgmma_wait(1)
+            pl.when(item.compute)(lambda: ring.mma(acc, step0, 0, p.k_iters, operands))
+            _epilogue(acc[...], item, ni)  # zeros for the tail (no WGMMA ran)
 
-                @pl.when(k > 0)
-                def _():
-                  plgpu.barrier_arrive(consumed.at[lax.rem(carry + k - 1, stages)])
+        return jnp.where(item.compute, p.k_iters, 0)
 
-            result = acc[...]  # zeros for the tail (no WGMMA ran)
-
-            @pl.when(item.compute)
-            def _():
-              plgpu.barrier_arrive(consumed.at[lax.rem(carry + p.k_iters - 1, stages)])
-
-            _epilogue(result, item, ni)
-
-        return carry + jnp.where(item.compute, p.k_iters, 0)
-
+      pipeline.persistent_loop(grid_size, compute_item)
       plgpu.wait_smem_to_gmem(0)
 
     def _epilogue(result, item, ni):
@@ -421,17 +387,14 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       chunks = [(j, result[:, j * en:(j + 1) * en]) for j in range(wn // en)]
       # With an odd number of chunks the next item's first chunk reuses the slot
       # of this item's last one, so only an even count may keep one store in flight.
-      in_flight = slots - 1 if len(chunks) % slots == 0 else 0
+      in_flight = stores.in_flight(len(chunks))
 
       @pl.when(full)
       def _():
         for j, y in chunks:
-          buf = out_smem.at[wg, j % slots]
-          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-          buf[...] = y.astype(out_dtype)
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(
-              buf, out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)])
+          stores.store(out_smem.at[wg], j, y.astype(out_dtype),
+                       out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)],
+                       in_flight=in_flight)
 
       @pl.when(jnp.logical_not(full) & (hi > lo))
       def _():
@@ -454,16 +417,14 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
             start = start + (rows & this)
             size //= 2
 
-    lax.cond(wg == 2, producer, consumer)
+    pipeline.warp_specialized(producer, consumer)
 
   pl.run_scoped(
       scoped,
-      a_smem=plgpu.SMEM((stages, tm, tk), in_dtype, transforms=ab_tf),
-      b_smem=plgpu.SMEM((stages, *rhs_block), in_dtype, transforms=ab_tf),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
-      stage_smem=plgpu.SMEM((2, em, sn), out_dtype),
+      ring_refs=pipeline.ring_scratch(cfg.stages, [((tm, tk), in_dtype, ab_tf),
+                                                   (rhs_block, in_dtype, ab_tf)]),
+      out_smem=plgpu.SMEM((pipeline.CONSUMERS, slots, em, en), out_dtype, transforms=out_tf),
+      stage_smem=plgpu.SMEM((pipeline.CONSUMERS, em, sn), out_dtype),
       collective_axes="wg",
   )
 
@@ -491,14 +452,8 @@ def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: Ragged
     raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   plan = _Plan(problem, config, ab_swizzle, out_swizzle)
-  kernel = plgpu.kernel(
+  kernel = pipeline.launch(
       compile_once.named_body("pallas_gemm_ragged", _kernel, p=plan),
       out_type=jax.ShapeDtypeStruct((problem.rows, problem.n), jnp.dtype(problem.out_dtype)),
-      grid=(num_sms,),
-      grid_names=("sm",),
-      num_threads=3,
-      thread_name="wg",
-      compiler_params=_compat.compiler_params(),
-      interpret=interpret,
-  )
+      workers=num_sms, interpret=interpret)
   return kernel(group_sizes.astype(jnp.int32), lhs, rhs)

@@ -31,11 +31,11 @@ import numpy as np
 
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
+from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
                                 SMEM_RESERVED_BYTES, tiles)
-from pallas_gemm.hopper_gemm import COMPUTE_REGISTERS, MEMORY_REGISTERS
 from pallas_gemm.ragged_gemm import UNROLL_GROUPS
 
 
@@ -126,14 +126,13 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
   tp, tq, tr = cfg.tile_p, cfg.tile_q, cfg.tile_r
   wm, wn = cfg.wg_tile
   em, en = 64, 64
-  stages, slots = cfg.stages, 2
   in_dtype, out_dtype = x_gmem.dtype, out_gmem.dtype
   tf = smem.tile_transforms(in_dtype, swizzle)
   out_tf = smem.tile_transforms(out_dtype, out_swizzle)
   p_tiles, q_tiles = tiles(prob.p, tp), tiles(prob.q, tq)
-  grid = (prob.groups * p_tiles * q_tiles,)
-  chunks_in_flight = (wm // em) * (wn // en)
-  in_flight = slots - 1 if chunks_in_flight % slots == 0 else 0
+  items = prob.groups * p_tiles * q_tiles
+  stores = pipeline.StoreSlots()
+  in_flight = stores.in_flight((wm // em) * (wn // en))
 
   def position(index):
     gp, qi = raster.tile_coords(index, prob.groups * p_tiles, q_tiles,
@@ -144,97 +143,68 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
     count = jnp.where(end > start, lax.div(end + tr - 1, tr) - first, 0)
     return g, pi, qi, start, end, first, count
 
-  def scoped(x_smem, y_smem, loaded, consumed, out_smem):
+  def scoped(ring_refs, out_smem):
+    ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
 
     def producer():
-      plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-
-      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
-      def steps(info, carry):
-        g, pi, qi, start, end, first, count = position(info.index[0])
+      def load_item(index, _, step0):
+        g, pi, qi, start, end, first, count = position(index)
 
         @pl.loop(0, count)
         def _(c):
-          step = carry + c
-          buf = lax.rem(step, stages)
-
-          @pl.when(step >= stages)
-          def _():
-            plgpu.barrier_wait(consumed.at[buf])
-
           rows = pl.ds((first + c) * tr, tr)
-          plgpu.copy_gmem_to_smem(x_gmem.at[rows, pl.ds(pi * tp, tp)], x_smem.at[buf],
-                                  loaded.at[buf])
-          plgpu.copy_gmem_to_smem(y_gmem.at[rows, pl.ds(qi * tq, tq)], y_smem.at[buf],
-                                  loaded.at[buf])
+          ring.fill(step0 + c, (x_gmem.at[rows, pl.ds(pi * tp, tp)],
+                                y_gmem.at[rows, pl.ds(qi * tq, tq)]))
 
-        return carry + count
+        return count
 
-      @pl.loop(jnp.maximum(steps - stages, 0), steps)
-      def _(step):
-        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+      ring.drain(pipeline.persistent_loop(items, load_item))
 
     def consumer():
-      plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+      def compute_item(index, _, step0):
+        g, pi, qi, start, end, first, count = position(index)
 
-      @plgpu.nd_loop(grid, collective_axes="sm", init_carry=jnp.int32(0))
-      def _(info, carry):
-        g, pi, qi, start, end, first, count = position(info.index[0])
+        def operands(c, x_stage, y_stage):
+          y_half = y_stage.at[:, pl.ds(wg * wn, wn)]
+          row0 = (first + c) * tr
+          lo, hi = start - row0, end - row0
+
+          @pl.when((lo > 0) | (hi < tr))  # a chunk on a group boundary
+          def _():
+            v = y_half[...]
+            r = lax.broadcasted_iota(jnp.int32, v.shape, 0)
+            y_half[...] = jnp.where((r >= lo) & (r < hi), v, jnp.zeros_like(v))
+            plgpu.commit_smem()
+
+          return _compat.transpose_2d(x_stage), y_half
 
         @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
         def _(acc):
-          @pl.loop(0, count)
-          def _(c):
-            buf = lax.rem(carry + c, stages)
-            plgpu.barrier_wait(loaded.at[buf])
-            y_half = y_smem.at[buf].at[:, pl.ds(wg * wn, wn)]
-            row0 = (first + c) * tr
-            lo, hi = start - row0, end - row0
-
-            @pl.when((lo > 0) | (hi < tr))  # a chunk on a group boundary
-            def _():
-              v = y_half[...]
-              r = lax.broadcasted_iota(jnp.int32, v.shape, 0)
-              y_half[...] = jnp.where((r >= lo) & (r < hi), v, jnp.zeros_like(v))
-              plgpu.commit_smem()
-
-            plgpu.wgmma(acc, _compat.transpose_2d(x_smem.at[buf]), y_half)
-            plgpu.wgmma_wait(1)
-
-            @pl.when(c > 0)
-            def _():
-              plgpu.barrier_arrive(consumed.at[lax.rem(carry + c - 1, stages)])
-
+          ring.mma(acc, step0, 0, count, operands)
           result = acc[...]
-
-          @pl.when(count > 0)
-          def _():
-            plgpu.barrier_arrive(consumed.at[lax.rem(carry + count - 1, stages)])
-
           col0 = qi * tq + wg * wn
           for i in range(wm // em):
             for j in range(wn // en):
-              buf = out_smem.at[wg, (i * (wn // en) + j) % slots]
-              plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-              buf[...] = result[i * em:(i + 1) * em, j * en:(j + 1) * en].astype(out_dtype)
-              plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(
-                  buf, out_gmem.at[g, pl.ds(pi * tp + i * em, em), pl.ds(col0 + j * en, en)])
+              stores.store(
+                  out_smem.at[wg], i * (wn // en) + j,
+                  result[i * em:(i + 1) * em, j * en:(j + 1) * en].astype(out_dtype),
+                  out_gmem.at[g, pl.ds(pi * tp + i * em, em), pl.ds(col0 + j * en, en)],
+                  in_flight=in_flight)
 
-        return carry + count
+        return count
 
+      pipeline.persistent_loop(items, compute_item)
       plgpu.wait_smem_to_gmem(0)
 
-    lax.cond(wg == 2, producer, consumer)
+    pipeline.warp_specialized(producer, consumer)
 
   pl.run_scoped(
       scoped,
-      x_smem=plgpu.SMEM((stages, tr, tp), in_dtype, transforms=tf),
-      y_smem=plgpu.SMEM((stages, tr, tq), in_dtype, transforms=tf),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_tf),
+      ring_refs=pipeline.ring_scratch(cfg.stages, [((tr, tp), in_dtype, tf),
+                                                   ((tr, tq), in_dtype, tf)]),
+      out_smem=plgpu.SMEM((pipeline.CONSUMERS, stores.slots, em, en), out_dtype,
+                          transforms=out_tf),
       collective_axes="wg",
   )
 
@@ -253,16 +223,10 @@ def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, 
     raise ValueError(f"x {x.shape} and y {y.shape} need minor dims that are multiples of 64")
   out_swizzle = smem.widest_swizzle(problem.out_dtype, 64, problem.q)
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
-  kernel = plgpu.kernel(
+  kernel = pipeline.launch(
       compile_once.named_body("pallas_gemm_ragged_tgmm", _kernel, problem=problem,
                               config=config, swizzle=swizzle, out_swizzle=out_swizzle),
       out_type=jax.ShapeDtypeStruct((problem.groups, problem.p, problem.q),
                                     jnp.dtype(problem.out_dtype)),
-      grid=(num_sms,),
-      grid_names=("sm",),
-      num_threads=3,
-      thread_name="wg",
-      compiler_params=_compat.compiler_params(),
-      interpret=interpret,
-  )
+      workers=num_sms, interpret=interpret)
   return kernel(group_sizes.astype(jnp.int32), x, y)

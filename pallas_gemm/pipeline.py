@@ -1,0 +1,242 @@
+"""The warp-specialized pipeline that every kernel of the package is built from.
+
+A kernel here is one persistent CTA (or cluster) per SM with three warpgroups:
+a producer that streams operand tiles with TMA into a ring of SMEM stages, and
+two consumers that run WGMMA on them and the epilogue. What differs between
+kernels (the work decomposition, how a stage is turned into WGMMA operands, the
+epilogue) is passed in as functions; this module owns what is the same:
+
+  - `Ring`: the SMEM stages, their `loaded` / `consumed` barriers and the step
+    counter that runs on across work items (slot = step % stages): `fill`
+    (producer), `mma` (consumer K loop, one WGMMA group in flight), `skip`
+    (a consumer that lets a stage pass), `drain` (the producer's last waits).
+  - `persistent_loop`: this CTA's share of a work list, carrying the ring step.
+  - `warp_specialized`: the role split with its register budget (`setmaxnreg`).
+  - `launch`: the `plgpu.kernel` call with the grid, threads and names above.
+  - `StoreSlots`: double-buffered SMEM slots of the TMA epilogue stores.
+
+A ring stage may need work between TMA and WGMMA (masking rows, dequantizing a
+narrow operand): `Ring.mma`'s `operands` function runs after the stage is
+loaded and before its WGMMA, and may rewrite the stage in SMEM (then
+`plgpu.commit_smem()`) before returning the views to multiply.
+
+>>> import jax.numpy as jnp
+>>> alloc = ring_scratch(4, [((128, 64), jnp.bfloat16, ()), ((64, 256), jnp.bfloat16, ())])
+>>> sorted(alloc), len(alloc["buffers"])
+(['buffers', 'consumed', 'loaded'], 2)
+>>> StoreSlots(slots=2).in_flight(chunks_per_tile=8), StoreSlots(slots=2).in_flight(3)
+(1, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+
+MEMORY_REGISTERS = 40
+"""Registers per thread left to the producer warpgroup (setmaxnreg)."""
+
+COMPUTE_REGISTERS = 232
+"""Registers per consumer thread: (512 - 40) / 2, rounded down to a multiple of 8."""
+
+CONSUMERS = 2
+"""Consumer warpgroups per CTA; warpgroup `CONSUMERS` is the producer."""
+
+
+def ring_scratch(stages: int, buffers: Sequence[tuple], *, cluster: bool = False) -> dict:
+  """`pl.run_scoped` allocations of a `Ring`: one SMEM array per operand, each
+  (stages, *tile), and the two barrier arrays.
+
+  Args:
+    stages: ring depth.
+    buffers: (tile_shape, dtype, transforms) per operand copied into each stage.
+    cluster: the stages are shared with the other CTAs of a cluster (TMA
+      multicast): `consumed` is a cluster barrier, so that a CTA refills a slot
+      only once every CTA that reads the multicast copy has released it.
+  """
+  smem = tuple(plgpu.SMEM((stages, *shape), dtype, transforms=transforms)
+               for shape, dtype, transforms in buffers)
+  if cluster:
+    consumed = plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=CONSUMERS,
+                                    num_barriers=stages)
+  else:
+    consumed = plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages)
+  return dict(buffers=smem, loaded=plgpu.Barrier(num_arrivals=len(buffers), num_barriers=stages),
+              consumed=consumed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+  """A ring of SMEM stages between one TMA producer and `CONSUMERS` WGMMA consumers.
+
+  Steps are counted across work items; step s uses slot s % stages. The
+  producer waits for `consumed[slot]` before it refills a slot it used before;
+  every consumer waits for `loaded[slot]` and arrives on `consumed[slot]` once
+  its WGMMA has read the stage. Every phase of every barrier is waited on by
+  every thread that waits on it (Pallas tracks barrier phases per thread).
+  """
+
+  buffers: tuple
+  loaded: Any
+  consumed: Any
+  stages: int
+
+  @classmethod
+  def of(cls, scratch: dict) -> "Ring":
+    """The ring over the refs that `ring_scratch`'s allocations became."""
+    return cls(tuple(scratch["buffers"]), scratch["loaded"], scratch["consumed"],
+               scratch["buffers"][0].shape[0])
+
+  def slot(self, step):
+    return lax.rem(step, self.stages)
+
+  def fill(self, step, sources: Sequence, collective: Sequence = ()) -> None:
+    """Producer: TMA-copies `sources[i]` (GMEM views) into buffer i of `step`'s slot,
+    once the slot's previous contents are released. `collective[i]`: the cluster
+    axes that share buffer i's copy (multicast), or None."""
+    slot = self.slot(step)
+
+    @pl.when(step >= self.stages)
+    def _():
+      plgpu.barrier_wait(self.consumed.at[slot])
+
+    collective = tuple(collective) or (None,) * len(sources)
+    for source, buffer, axes in zip(sources, self.buffers, collective, strict=True):
+      plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot],
+                              collective_axes=axes)
+
+  def drain(self, steps) -> None:
+    """Producer, after its last `fill`: waits until the last stages are released, so
+    that no peer CTA arrives on (or multicasts into) this CTA's SMEM after it exits."""
+    @pl.loop(jnp.maximum(steps - self.stages, 0), steps)
+    def _(step):
+      plgpu.barrier_wait(self.consumed.at[self.slot(step)])
+
+  def mma(self, acc, step0, k_begin, k_end, operands: Callable) -> None:
+    """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (ring steps from step0).
+
+    `operands(k, *stage_views)` returns the (a, b) WGMMA views of a loaded
+    stage. One WGMMA group stays in flight; a stage is released once the next
+    one's WGMMA is issued and its own has completed, the last after the loop.
+    Bounds may be Python ints or traced scalars (an empty range consumes nothing).
+    """
+    @pl.loop(k_begin, k_end)
+    def _(k):
+      step = step0 + k - k_begin
+      slot = self.slot(step)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      plgpu.wgmma(acc, *operands(k, *(buffer.at[slot] for buffer in self.buffers)))
+      plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
+
+      @pl.when(k > k_begin)
+      def _():
+        plgpu.barrier_arrive(self.consumed.at[self.slot(step - 1)])
+
+    def release_last():
+      plgpu.wgmma_wait(0)
+      plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k_end - k_begin - 1)])
+
+    if isinstance(k_begin, int) and isinstance(k_end, int):
+      if k_end > k_begin:
+        release_last()
+    else:
+      pl.when(k_end > k_begin)(release_last)
+
+  def skip(self, step0, count) -> None:
+    """Consumer: lets `count` stages from step0 pass unread (wait, release), as a
+    ping-pong consumer does for the other consumer's tiles."""
+    @pl.loop(0, count)
+    def _(k):
+      slot = self.slot(step0 + k)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      plgpu.barrier_arrive(self.consumed.at[slot])
+
+
+def persistent_loop(num_items: int, visit: Callable, *, steps_of: int | None = None,
+                    workers: int | None = None):
+  """Runs this CTA's share of work items 0..num_items-1 (round-robin over the
+  `workers` CTAs of grid axis "sm", as `plgpu.nd_loop` deals them) and returns
+  the ring steps they used.
+
+  `visit(item, local_index, step0)` handles one item whose ring steps start at
+  step0 and returns its step count. With `steps_of` (a Python int: every item
+  uses that many; then `workers` is required), steps are computed, not carried.
+  """
+  if steps_of is not None:
+    @plgpu.nd_loop((num_items,), collective_axes="sm")
+    def _(info):
+      visit(info.index[0], info.local_index, info.local_index * steps_of)
+
+    sm = lax.axis_index("sm")
+    return lax.div(num_items - sm + workers - 1, workers) * steps_of
+
+  @plgpu.nd_loop((num_items,), collective_axes="sm", init_carry=jnp.int32(0))
+  def steps(info, carry):  # nd_loop passes the carry by this name
+    return carry + visit(info.index[0], info.local_index, carry)
+
+  return steps
+
+
+def warp_specialized(producer: Callable, consumer: Callable) -> None:
+  """Runs `producer` on the last warpgroup and `consumer` on the others, after
+  moving registers from the producer (`MEMORY_REGISTERS`) to the consumers."""
+  def produce():
+    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+    producer()
+
+  def consume():
+    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    consumer()
+
+  lax.cond(lax.axis_index("wg") == CONSUMERS, produce, consume)
+
+
+def launch(body: Callable, *, out_type, workers: int, cluster_size: int = 1,
+           compiler_params=None, interpret=None):
+  """The `plgpu.kernel` of a warp-specialized persistent kernel: `workers` CTAs (or
+  clusters) on grid axis "sm", `CONSUMERS + 1` warpgroups on axis "wg"."""
+  cluster_kwargs = {}
+  if cluster_size > 1:
+    cluster_kwargs = dict(cluster=(cluster_size,), cluster_names=("cluster",))
+  return plgpu.kernel(
+      body,
+      out_type=out_type,
+      grid=(workers,),
+      grid_names=("sm",),
+      num_threads=CONSUMERS + 1,
+      thread_name="wg",
+      compiler_params=compiler_params or _compat.compiler_params(),
+      interpret=interpret,
+      **cluster_kwargs,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSlots:
+  """Round-robin SMEM slots of the epilogue's TMA stores (per consumer warpgroup).
+
+  Before a slot is rewritten, the store that read it last must have finished
+  reading: `wait` keeps at most `in_flight` stores pending. Across tiles the
+  slots continue from 0, so only when a tile's store count is a multiple of
+  the slots may one store stay in flight past the tile's end.
+  """
+
+  slots: int = 2
+
+  def in_flight(self, chunks_per_tile: int) -> int:
+    return self.slots - 1 if chunks_per_tile % self.slots == 0 else 0
+
+  def store(self, smem_slots, index: int, value, destination, *, in_flight: int) -> None:
+    """Writes `value` to slot `index % slots` of `smem_slots` and TMA-stores it."""
+    buffer = smem_slots.at[index % self.slots]
+    plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+    buffer[...] = value
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(buffer, destination)
