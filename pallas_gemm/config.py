@@ -16,14 +16,7 @@ import math
 
 from pallas_gemm import smem
 
-SMEM_LIMIT_BYTES = 232448
-"""Shared memory a Hopper CTA may use (227 KiB)."""
-
-SMEM_ALIGN_BYTES = 1024
-"""Mosaic GPU aligns every shared-memory allocation to 1 KiB."""
-
-SMEM_RESERVED_BYTES = 512
-"""Headroom for the mbarriers (Mosaic reported 96 bytes for a 4-stage ring)."""
+SMEM_LIMIT_BYTES = smem.LIMIT_BYTES
 
 SCHEDULES = ("cooperative", "pingpong")
 WG_SPLITS = ("m", "n")
@@ -202,24 +195,19 @@ class GemmConfig:
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
     problem = self.kernel_problem(problem)
-    round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
-    a_bytes = _itemsize(problem.dtype)
-    b_bytes = _itemsize(problem.dtype_b)
-    out_bytes = _itemsize(problem.out_dtype)
     em, en = self.epilogue_shape
-    total = round_up(self.stages * self.tile_m * self.tile_k * a_bytes)
-    total += round_up(self.stages * self.tile_k * self.tile_n * b_bytes)
-    total += round_up(2 * self.epilogue_slots * em * en * out_bytes)
-    if problem.has_bias:
-      total += round_up(2 * self.wg_tile[1] * 4)
-    if problem.has_row_bias:
-      total += round_up(2 * self.wg_tile[0] * 4)
-    if problem.residual_dtype:
-      total += round_up(2 * self.epilogue_slots * em * en * _itemsize(problem.residual_dtype))
-    if problem.has_col_scale:
-      total += round_up(2 * self.wg_tile[1] * 4)
-    total += round_up(2 * self.wg_tile[0] * 4) * (problem.has_row_scale + problem.amax)
-    return total + SMEM_RESERVED_BYTES
+    wm, wn = self.wg_tile
+    slots = (2, self.epilogue_slots, em, en)
+    return smem.footprint(
+        ((self.stages, self.tile_m, self.tile_k), problem.dtype),
+        ((self.stages, self.tile_k, self.tile_n), problem.dtype_b),
+        (slots, problem.out_dtype),
+        ((2, wn), "float32") if problem.has_bias else None,
+        ((2, wm), "float32") if problem.has_row_bias else None,
+        (slots, problem.residual_dtype) if problem.residual_dtype else None,
+        ((2, wn), "float32") if problem.has_col_scale else None,
+        ((2, wm), "float32") if problem.has_row_scale else None,
+        ((2, wm), "float32") if problem.amax else None)
 
   # -- checks ---------------------------------------------------------------
   def validate(self, problem: GemmProblem) -> None:
@@ -417,11 +405,13 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
 def _fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmConfig:
   """`cfg` with the deepest ring (<= max_stages) that fits in SMEM; f32 outputs
   with an f32 residual fall back to narrower epilogue tiles to keep 2+ stages."""
+  fits = lambda candidate: candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES
   for epilogue_tile in (cfg.epilogue_tile, (64, 32)):
-    for stages in range(max_stages, 1, -1):
-      candidate = dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile)
-      if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
-        return candidate
+    candidate = smem.deepest(
+        lambda stages: dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile),
+        range(max_stages, 1, -1), fits)
+    if fits(candidate):
+      return candidate
   return dataclasses.replace(cfg, stages=2)
 
 

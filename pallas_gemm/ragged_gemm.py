@@ -60,8 +60,7 @@ from pallas_gemm import compile_once
 from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, SMEM_ALIGN_BYTES,
-                                SMEM_LIMIT_BYTES, SMEM_RESERVED_BYTES, tiles)
+from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, tiles
 
 UNROLL_GROUPS = 32
 """Up to this many groups the in-kernel item decoder is unrolled."""
@@ -135,15 +134,12 @@ class RaggedConfig:
     return max(self.epilogue_tile[1], STAGE_ROW_BYTES // np.dtype(out_dtype).itemsize)
 
   def smem_bytes(self, problem: RaggedProblem) -> int:
-    round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
-    in_bytes = np.dtype(problem.dtype).itemsize
-    out_bytes = np.dtype(problem.out_dtype).itemsize
     em, en = self.epilogue_tile
-    total = round_up(self.stages * self.tile_m * self.tile_k * in_bytes)
-    total += round_up(self.stages * self.tile_k * self.tile_n * in_bytes)
-    total += round_up(2 * 2 * em * en * out_bytes)  # swizzled slots
-    total += round_up(2 * em * self.stage_cols(problem.out_dtype) * out_bytes)  # boundary staging
-    return total + SMEM_RESERVED_BYTES
+    return smem.footprint(
+        ((self.stages, self.tile_m, self.tile_k), problem.dtype),
+        ((self.stages, self.tile_k, self.tile_n), problem.dtype),
+        ((2, 2, em, en), problem.out_dtype),  # swizzled slots
+        ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype))  # boundary staging
 
   def validate(self, problem: RaggedProblem) -> None:
     """Raises ValueError naming the first field that breaks a limit for `problem`."""
@@ -179,8 +175,8 @@ class RaggedConfig:
       fail("tile_n", f"must be a multiple of {self.stage_cols(problem.out_dtype)} (the boundary "
                      f"staging chunk: {STAGE_ROW_BYTES}-byte rows for aligned TMA stores)")
     need = self.smem_bytes(problem)
-    if need > SMEM_LIMIT_BYTES:
-      fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES} "
+    if need > smem.LIMIT_BYTES:
+      fail("stages", f"needs {need} bytes of shared memory, the limit is {smem.LIMIT_BYTES} "
                      "(fewer stages, smaller tiles or a smaller epilogue_tile)")
 
 
@@ -192,12 +188,8 @@ def default_ragged_config(problem: RaggedProblem) -> RaggedConfig:
   >>> default_ragged_config(RaggedProblem(m=4096, n=4096, k=4096, groups=8, out_dtype="float32")).stages
   3
   """
-  cfg = RaggedConfig()
-  for stages in (4, 3, 2):
-    candidate = dataclasses.replace(cfg, stages=stages)
-    if candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
-      return candidate
-  return dataclasses.replace(cfg, stages=2)
+  return smem.deepest(lambda stages: RaggedConfig(stages=stages), (4, 3, 2),
+                      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES)
 
 
 def max_items(problem: RaggedProblem, config: RaggedConfig) -> int:

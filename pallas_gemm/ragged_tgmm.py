@@ -27,15 +27,13 @@ from jax import lax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import (DEFAULT_NUM_SMS, INPUT_DTYPES, SMEM_ALIGN_BYTES, SMEM_LIMIT_BYTES,
-                                SMEM_RESERVED_BYTES, tiles)
+from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, tiles
 from pallas_gemm.ragged_gemm import UNROLL_GROUPS
 
 
@@ -67,13 +65,9 @@ class TgmmConfig:
     return self.tile_p, self.tile_q // 2
 
   def smem_bytes(self, problem: TgmmProblem) -> int:
-    round_up = lambda x: -(-x // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
-    b = np.dtype(problem.dtype).itemsize
-    ob = np.dtype(problem.out_dtype).itemsize
-    total = round_up(self.stages * self.tile_r * self.tile_p * b)
-    total += round_up(self.stages * self.tile_r * self.tile_q * b)
-    total += round_up(2 * 2 * 64 * 64 * ob)
-    return total + SMEM_RESERVED_BYTES
+    return smem.footprint(((self.stages, self.tile_r, self.tile_p), problem.dtype),
+                          ((self.stages, self.tile_r, self.tile_q), problem.dtype),
+                          ((2, 2, 64, 64), problem.out_dtype))
 
   def validate(self, problem: TgmmProblem) -> None:
     def fail(field, msg):
@@ -94,16 +88,13 @@ class TgmmConfig:
     if self.raster not in raster.ORDERS:
       fail("raster", f"must be one of {raster.ORDERS}")
     need = self.smem_bytes(problem)
-    if need > SMEM_LIMIT_BYTES:
-      fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES}")
+    if need > smem.LIMIT_BYTES:
+      fail("stages", f"needs {need} bytes of shared memory, the limit is {smem.LIMIT_BYTES}")
 
 
 def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
-  for stages in (4, 3, 2):
-    cfg = TgmmConfig(stages=stages)
-    if cfg.smem_bytes(problem) <= SMEM_LIMIT_BYTES:
-      return cfg
-  return TgmmConfig(stages=2)
+  return smem.deepest(lambda stages: TgmmConfig(stages=stages), (4, 3, 2),
+                      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES)
 
 
 def _group_rows(sizes_gmem, g, problem: TgmmProblem):

@@ -15,6 +15,12 @@ swizzle span too), and the narrowing to a swizzle both operands share.
 128
 >>> widest_swizzle(jnp.bfloat16, 8, 4096) is None   # 16 bytes: below every swizzle
 True
+
+The budget: `footprint` sums a kernel's buffers as Mosaic allocates them, and
+`deepest` picks the deepest ring that fits.
+
+>>> footprint(((4, 128, 64), "bfloat16"), ((4, 64, 256), "bfloat16"), ((2, 2, 64, 32), "bfloat16"))
+213504
 """
 
 from __future__ import annotations
@@ -26,6 +32,40 @@ import layouts
 
 SWIZZLE_BYTES = (128, 64, 32)
 """Swizzle widths that WGMMA and TMA both accept, widest first."""
+
+LIMIT_BYTES = 232448
+"""Shared memory a Hopper CTA may use (227 KiB)."""
+
+ALIGN_BYTES = 1024
+"""Mosaic GPU aligns every shared-memory allocation to 1 KiB."""
+
+RESERVED_BYTES = 512
+"""Headroom for the mbarriers (Mosaic reported 96 bytes for a 4-stage ring)."""
+
+
+def footprint(*buffers) -> int:
+  """Shared memory of a kernel's buffers, each `(shape, dtype)` (None: absent), as
+  Mosaic allocates them (each 1 KiB aligned), plus the barriers' headroom."""
+  total = RESERVED_BYTES
+  for buffer in buffers:
+    if buffer is not None:
+      shape, dtype = buffer
+      size = jnp.dtype(dtype).itemsize
+      for extent in shape:
+        size *= extent
+      total += -(-size // ALIGN_BYTES) * ALIGN_BYTES
+  return total
+
+
+def deepest(with_stages, stages, fits):
+  """The first of `with_stages(s)` for s in `stages` (deepest first) that `fits`; the
+  last one if none does (its validation then says why)."""
+  candidate = None
+  for depth in stages:
+    candidate = with_stages(depth)
+    if fits(candidate):
+      return candidate
+  return candidate
 
 
 def _name(dtype) -> str:
