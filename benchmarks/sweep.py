@@ -96,7 +96,7 @@ def case_problem(case):
 def case_config(case):
   """The config `matmul` runs for `case` here: the tuning cache's, else the default."""
   from pallas_gemm import tuning_cache
-  from pallas_gemm.config import default_config
+  from pallas_gemm.heuristics import default_config
 
   problem, activation = case_problem(case)
   return tuning_cache.lookup_config(problem, activation) or default_config(problem)

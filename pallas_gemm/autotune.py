@@ -41,8 +41,9 @@ from pallas_gemm import _compat
 from pallas_gemm import raster
 from pallas_gemm import split_k
 from pallas_gemm import tuning_cache
+from pallas_gemm.heuristics import default_config
 from pallas_gemm.config import (CLUSTERS, DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, SCHEDULES,
-                                WG_SPLITS, GemmConfig, GemmProblem, default_config,
+                                WG_SPLITS, GemmConfig, GemmProblem,
                                 default_tile_k, tiles)
 
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"

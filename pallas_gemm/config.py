@@ -333,76 +333,12 @@ def default_tile_k(dtype: str) -> int:
 DEFAULT_NUM_SMS = 132
 """H100 SXM: the SM count the planners and kernels use when no GPU is attached."""
 
-DECODE_MAX_M = 64
-"""Up to this M, one 64-row tile covers all rows: the decode regime."""
-
 PARTIAL_EPILOGUE_TILE = (64, 32)
 """Epilogue stores of f32 partial sums (split-K): one 128-byte span wide, so
 that the deep rings of the table below still fit in SMEM."""
 
 
-def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConfig:
-  """A good configuration for `problem` without tuning (H100; NOTES.md).
-
-  A table, then a time model (`pallas_gemm.split_k`) where the table has a choice:
-
-  | regime                        | CTA tile            | warpgroups     | stages       | cluster     | split_k |
-  |-------------------------------|---------------------|----------------|--------------|-------------|---------|
-  | M <= 64 (decode)              | 64x128 or 64x256 (model) | split N   | deepest <= 8 | 1x1         | model   |
-  | fewer output tiles than SMs   | 128x256 or 128x128 (model) | split M | 4 (fit)     | 2x1 if >= 2 tile rows | model |
-  | otherwise (e.g. 8192^3)       | 128x256             | split M        | 4 (3 f32 out)| 2x1 if >= 2 tile rows | 1 |
-
-  Warpgroups split N instead when A is transposed (its MN-major tile cannot
-  be split along M). "fit": as many stages as SMEM allows, at most the number
-  given; split-K configs store their f32 partials in `PARTIAL_EPILOGUE_TILE`
-  chunks. `num_sms` defaults to the device's SM count (132 without a GPU).
-
-  >>> default_config(GemmProblem(m=4096, n=8192, k=4096)).cluster
-  (2, 1)
-  >>> default_config(GemmProblem(m=4096, n=8192, k=4096, out_dtype="float32")).stages
-  3
-  >>> cfg = default_config(GemmProblem(m=16, n=1024, k=8192))      # decode: 8 tiles
-  >>> (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.stages, cfg.split_k)
-  (64, 128, 'n', 8, 16)
-  >>> cfg = default_config(GemmProblem(m=1, n=11008, k=4096))      # 86 64x128 tiles: wider, split
-  >>> (cfg.tile_m, cfg.tile_n, cfg.stages, cfg.split_k)
-  (64, 256, 4, 3)
-  """
-  from pallas_gemm import split_k  # local: the model module imports this one
-
-  if num_sms is None:
-    from pallas_gemm import _compat  # local: jax is only needed to ask the device
-
-    num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
-  base = GemmConfig(tile_k=default_tile_k(problem.dtype),
-                    wg_split="n" if problem.transpose_a else "m")
-  few_tiles = problem.batch * tiles(problem.m, base.tile_m) * tiles(problem.n, base.tile_n) < num_sms
-  if problem.m <= DECODE_MAX_M:
-    decode = dataclasses.replace(base, tile_m=64, tile_n=128, wg_split="n")
-    options, max_stages = [decode, dataclasses.replace(decode, tile_n=256)], 8
-  else:
-    options, max_stages = [base], 4
-    if tiles(problem.m, base.tile_m) >= 2:
-      options = [dataclasses.replace(base, cluster=(2, 1))]
-    if few_tiles:
-      options.append(dataclasses.replace(options[0], tile_n=128))
-  best = None
-  for cfg in options:
-    cfg = _fit_stages(cfg, problem, max_stages)
-    kw = dict(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, stages=cfg.stages,
-              num_sms=num_sms)
-    splits = split_k.choose(problem, **kw) if few_tiles or problem.m <= DECODE_MAX_M else 1
-    if splits > 1:
-      cfg = _fit_stages(dataclasses.replace(cfg, split_k=splits,
-                                            epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, max_stages)
-      kw["stages"] = cfg.stages
-    seconds = split_k.estimate(problem, splits, **kw).seconds
-    if best is None or seconds < best[0]:
-      best = (seconds, cfg)
-  return best[1]
-
-
-def _fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmConfig:
+def fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmConfig:
   """`cfg` with the deepest ring (<= max_stages) that fits in SMEM; f32 outputs
   with an f32 residual fall back to narrower epilogue tiles to keep 2+ stages."""
   fits = lambda candidate: candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES

@@ -33,7 +33,8 @@ from pallas_gemm import route
 from pallas_gemm import smem
 from pallas_gemm import split_k
 from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
-                                KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem, default_config)
+                                KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem)
+from pallas_gemm.heuristics import default_config
 from pallas_gemm.autotune import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 

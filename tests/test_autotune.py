@@ -19,7 +19,8 @@ import pytest
 from benchmarks.shapes import Shape
 from pallas_gemm import tune
 from pallas_gemm import tuning_cache as tc
-from pallas_gemm.config import GemmConfig, GemmProblem, default_config
+from pallas_gemm.config import GemmConfig, GemmProblem
+from pallas_gemm.heuristics import default_config
 
 # The module, not the `pallas_gemm.autotune` function the package exports under the same name.
 at = importlib.import_module("pallas_gemm.autotune")

@@ -18,7 +18,7 @@ from benchmarks.matmul import Case
 from pallas_gemm import (GemmConfig, GemmProblem, config as config_lib, matmul, scaled_matmul,
                          split_k)
 from pallas_gemm.autotune import candidate_configs
-from pallas_gemm.config import default_config
+from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)

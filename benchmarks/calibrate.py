@@ -1,0 +1,106 @@
+"""Times a grid of kernel configs on a set of shapes: the data the default's time model is fitted to.
+
+    python -m benchmarks.calibrate --sweep fit --out out/calibrate   # on a Hopper GPU
+
+For each shape of the sweep it times `jnp.dot` (XLA) and every config of
+`pallas_gemm.heuristics.candidates` (CUPTI, median, L2 cold as the harness
+times), in rounds with the configs interleaved, and writes
+`calibrate_<sweep>.json`: per shape, the problem, XLA's time and each config's
+time (or its error). `pallas_gemm.heuristics` is fitted to such files
+(`python -m benchmarks.calibrate --fit FILE...` prints the fit and its error),
+and the held-out sweep is the check that the fit generalizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_dir: str | None,
+              max_shapes: int | None = None) -> dict:
+  from benchmarks import matmul as harness
+  from benchmarks import shapes as shapes_lib
+  from pallas_gemm import heuristics
+  from pallas_gemm.autotune import CuptiTimer
+
+  env = harness.environment()
+  print(json.dumps(env), flush=True)
+  results = dict(env=env, sweep=sweep, shapes=[])
+  start = time.perf_counter()
+  for shape in shapes_lib.load_sweep(sweep)[:max_shapes]:
+    if time.perf_counter() - start > budget_s:
+      print(f"budget of {budget_s:.0f} s spent: stopping before {shape.label}", flush=True)
+      break
+    problem, activation = shape.problem()
+    configs = heuristics.candidates(problem)
+    timer = CuptiTimer(problem, activation, iterations=iterations)
+    xla = CuptiTimer(problem, activation, iterations=iterations, implementation="xla")
+    timer.prepare(configs)
+    times = {c: [] for c in configs}
+    errors, xla_times = {}, []
+    for _ in range(rounds):
+      xla_times.append(xla(None))
+      for config in configs:
+        if config in errors:
+          continue
+        try:
+          times[config].append(timer(config))
+        except Exception as e:  # noqa: BLE001 -- recorded per config
+          errors[config] = f"{type(e).__name__}: {str(e)[:200]}"
+    rows = []
+    for config in configs:
+      row = dict(config=heuristics.config_fields(config))
+      if config in errors:
+        row["error"] = errors[config]
+      else:
+        row["ms"] = statistics.median(times[config])
+      rows.append(row)
+    entry = dict(label=shape.label, name=shape.name, problem=dataclasses.asdict(problem),
+                 activation=activation, xla_ms=statistics.median(xla_times), configs=rows)
+    results["shapes"].append(entry)
+    best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"], default=None)
+    print(f"{shape.label:40s} xla {entry['xla_ms'] * 1e3:9.1f} us  best "
+          f"{best['ms'] * 1e3 if best else float('nan'):9.1f} us  "
+          f"{heuristics.describe(best['config']) if best else '-'}  "
+          f"({len(configs)} configs, {len(errors)} failed)", flush=True)
+  if out_dir:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"calibrate_{sweep}.json"), "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1)
+  return results
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sweep", default="fit")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument("--budget-s", type=float, default=400.0)
+  parser.add_argument("--max-shapes", type=int, default=None)
+  parser.add_argument("--out", default=os.environ.get("OUT"))
+  parser.add_argument("--fit", nargs="*", default=None,
+                      help="calibration JSON files: fit the time model to them and print the fit")
+  args = parser.parse_args(argv)
+  if args.fit is not None:
+    from pallas_gemm import heuristics
+
+    print(heuristics.fit_report([json.load(open(p, encoding="utf-8")) for p in args.fit]))
+    return 0
+  import jax
+
+  if jax.default_backend() != "gpu":
+    print("calibration times kernels: it needs a Hopper GPU", file=sys.stderr)
+    return 2
+  calibrate(args.sweep, rounds=args.rounds, iterations=args.iterations, budget_s=args.budget_s,
+            out_dir=args.out, max_shapes=args.max_shapes)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

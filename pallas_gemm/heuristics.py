@@ -1,0 +1,278 @@
+"""The default GEMM config: a small grid of candidates ranked by a calibrated time model.
+
+`candidates(problem)` is the grid: CTA tiles from 64x64 to 256x128, with and
+without a 2x1 cluster, each with the deepest ring that fits and, where the
+`split_k` model finds a gain, a split-K variant. `estimate(problem, config)`
+predicts a config's time; `default_config` returns the fastest prediction.
+
+The model (seconds):
+
+    core = waves * (k_steps * STEP[tile, cluster] + TILE_FIXED_S)
+    hbm  = unique / (active CTAs * CTA_BYTES_PER_S) + unique / HBM_BYTES_PER_S
+    time = max(core, hbm) + LAUNCH_S  (+ the split-K reduction)
+
+`STEP` is the measured time of one K step of each CTA tile (its main-loop
+efficiency: WGMMA shape, SMEM and L2 feed), `waves` counts whole waves of
+work units over the SMs (wave quantization), `unique` is the bytes of A, B
+and the output. Everything is fitted to `benchmarks/calibration/h100_fit.json`
+(`fit`), the timings of every candidate on the fit sweep
+(`benchmarks/shapes/fit.json`, `python -m benchmarks.calibrate`); the held-out
+sweep is the check that it generalizes (NOTES.md exp. 53). A K step is
+`default_tile_k(dtype)` deep, which makes its time about the same for fp8
+(twice the rate, twice the depth) and tf32 (half, half) as for 16-bit types.
+
+>>> from pallas_gemm.config import GemmProblem
+>>> cfg = default_config(GemmProblem(m=65536, n=64, k=1024))    # skinny N: a narrow tile
+>>> (cfg.tile_m, cfg.tile_n)
+(64, 64)
+>>> cfg = default_config(GemmProblem(m=8192, n=8192, k=8192))   # large: the widest tile
+>>> (cfg.tile_m, cfg.tile_n, cfg.cluster)
+(128, 256, (2, 1))
+>>> describe(config_fields(cfg))
+'128x256x64 s4 cooperative/m cluster 2x1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+
+import jax.numpy as jnp
+
+from pallas_gemm import split_k
+from pallas_gemm.config import (DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, GemmConfig, GemmProblem,
+                                default_tile_k, fit_stages, tiles)
+
+TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 192), (128, 256), (256, 128))
+"""CTA tiles (tile_m, tile_n) the default chooses from."""
+
+MAX_STAGES = 8
+"""Deepest ring tried (narrow tiles fit that many 64-deep stages)."""
+
+STEP_S = {
+    (64, 64, 1): 295e-9, (64, 64, 2): 243e-9, (64, 128, 1): 299e-9, (64, 128, 2): 286e-9,
+    (64, 256, 1): 397e-9, (64, 256, 2): 459e-9, (128, 64, 1): 377e-9, (128, 64, 2): 350e-9,
+    (128, 128, 1): 433e-9, (128, 128, 2): 415e-9, (128, 192, 1): 513e-9, (128, 192, 2): 515e-9,
+    (128, 256, 1): 670e-9, (128, 256, 2): 667e-9, (256, 128, 1): 676e-9, (256, 128, 2): 686e-9,
+}
+"""Seconds per K step of a (tile_m, tile_n, cluster rows) CTA in a full wave: the
+median over the eight large projections of the fit sweep (`fit_steps`). Narrow
+tiles sit on a floor of ~250-300 ns per step (the feed, not the tensor cores);
+128x256 runs at 830 TFLOP/s equivalent."""
+
+LAUNCH_S = 2.0e-6
+"""Fixed cost of one launch (`fit`)."""
+
+TILE_FIXED_S = 0.6e-6
+"""Per work unit outside its K steps: pipeline fill and epilogue (`fit`)."""
+
+HBM_BYTES_PER_S = 6.0e12
+CTA_BYTES_PER_S = 70e9
+"""Streaming the unique bytes: each active CTA pulls at most CTA_BYTES_PER_S, and all
+together add 1 / HBM_BYTES_PER_S per byte (`fit`; the form of `split_k.estimate`)."""
+
+SPLIT_REDUCE_FIXED_S = 2.0e-6
+REDUCE_BYTES_PER_S = 3.0e12
+"""The split-K reduction in XLA: its launch, and its f32 partials in, output out."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """The fitted scalars of the model (the `STEP_S` table is fitted apart)."""
+
+  launch_s: float = LAUNCH_S
+  tile_fixed_s: float = TILE_FIXED_S
+  hbm_bytes_per_s: float = HBM_BYTES_PER_S
+  cta_bytes_per_s: float = CTA_BYTES_PER_S
+
+
+def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS) -> list[GemmConfig]:
+  """The valid configs of the grid for `problem`: tiles that do not overhang it by
+  half a tile or more (a smaller tile does the same work), a 2x1 cluster only with
+  >= 2 tile rows.
+
+  >>> sorted({(c.tile_m, c.tile_n) for c in candidates(GemmProblem(m=65536, n=64, k=1024))})
+  [(64, 64), (128, 64)]
+  """
+  tk = default_tile_k(problem.dtype)
+  configs = []
+  for tm, tn in TILES:
+    if tm >= 2 * max(problem.m, 64) or tn >= 2 * max(problem.n, 64):
+      continue
+    wg_split = "n" if problem.transpose_a or tm == 64 else "m"
+    for cluster in ((1, 1), (2, 1)):
+      if cluster != (1, 1) and tiles(problem.m, tm) < 2:
+        continue
+      cfg = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, wg_split=wg_split, cluster=cluster)
+      if cfg.epilogue_tile and cfg.epilogue_tile[1] > cfg.wg_tile[1]:
+        cfg = dataclasses.replace(cfg, epilogue_tile=None)  # narrow: the whole tile
+      cfg = fit_stages(cfg, problem, MAX_STAGES)
+      options = [cfg]
+      splits = split_k.choose(problem, tile_m=tm, tile_n=tn, tile_k=tk, stages=cfg.stages,
+                              num_sms=num_sms)
+      if splits > 1:
+        options.append(fit_stages(dataclasses.replace(
+            cfg, split_k=splits, epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, MAX_STAGES))
+      for option in options:
+        try:
+          option.validate(problem)
+        except ValueError:
+          continue
+        configs.append(option)
+  return list(dict.fromkeys(configs))
+
+
+def _work(problem: GemmProblem, config: GemmConfig, num_sms: int):
+  """(waves, K steps per unit, K slices, work units) of `config` on `problem`."""
+  cm = config.cluster[0]
+  steps = tiles(problem.k, config.tile_k)
+  k_iters = tiles(steps, config.split_k)
+  splits = tiles(steps, k_iters)
+  m_tiles = tiles(tiles(problem.m, config.tile_m), cm) * cm
+  units = problem.batch * m_tiles * tiles(problem.n, config.tile_n) * splits
+  return tiles(units, num_sms - num_sms % cm), k_iters, splits, units
+
+
+def estimate(problem: GemmProblem, config: GemmConfig, num_sms: int = DEFAULT_NUM_SMS,
+             params: Params = Params(), steps: dict = STEP_S) -> float:
+  """Predicted seconds of `config` on `problem` (the model of the module docstring).
+
+  >>> p = GemmProblem(m=4096, n=4096, k=4096)
+  >>> round(estimate(p, GemmConfig(cluster=(2, 1))) * 1e6)   # measured ~175 us
+  175
+  """
+  waves, k_iters, splits, units = _work(problem, config, num_sms)
+  step = steps[(config.tile_m, config.tile_n, config.cluster[0])]
+  core = waves * (k_iters * step + params.tile_fixed_s)
+  in_bytes = _itemsize(problem.dtype)
+  out_elems = problem.batch * problem.m * problem.n
+  out_bytes = out_elems * (4 * splits if splits > 1 else _itemsize(problem.out_dtype))
+  unique = problem.batch * (problem.m + problem.n) * problem.k * in_bytes + out_bytes
+  active = min(units, num_sms)
+  hbm = unique / (active * params.cta_bytes_per_s) + unique / params.hbm_bytes_per_s
+  seconds = max(core, hbm) + params.launch_s
+  if splits > 1:
+    seconds += SPLIT_REDUCE_FIXED_S + (
+        out_bytes + out_elems * _itemsize(problem.out_dtype)) / REDUCE_BYTES_PER_S
+  return seconds
+
+
+def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConfig:
+  """The candidate `estimate` predicts fastest: the config `matmul` uses when no tuning
+  cache or shipped table holds one for `problem`. `num_sms` defaults to the device's
+  SM count (132 without a GPU).
+
+  >>> default_config(GemmProblem(m=4096, n=8192, k=4096, out_dtype="float32")).stages
+  3
+  >>> cfg = default_config(GemmProblem(m=1, n=5120, k=13824))      # decode: split K
+  >>> (cfg.tile_m, cfg.tile_n, cfg.split_k)
+  (64, 128, 3)
+  """
+  if num_sms is None:
+    from pallas_gemm import _compat  # local: jax is only needed to ask the device
+
+    num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
+  options = candidates(problem, num_sms)
+  if not options:  # nothing of the grid is valid: the plain default, whose validation says why
+    return fit_stages(GemmConfig(tile_k=default_tile_k(problem.dtype),
+                                 wg_split="n" if problem.transpose_a else "m"), problem, 4)
+  return min(options, key=lambda cfg: estimate(problem, cfg, num_sms))
+
+
+# -- fitting -------------------------------------------------------------------
+def fit_steps(calibration: dict, large: int = 8) -> dict:
+  """`STEP_S` from a calibration file: per tile, the median over its first `large`
+  shapes (large projections, full waves) of time / (waves * K steps)."""
+  samples = {}
+  for shape in calibration["shapes"][:large]:
+    problem = GemmProblem(**shape["problem"])
+    for row in shape["configs"]:
+      config = _config(row["config"])
+      if "ms" not in row or config.split_k > 1:
+        continue
+      waves, k_iters, _, _ = _work(problem, config, calibration.get("num_sms", DEFAULT_NUM_SMS))
+      key = (config.tile_m, config.tile_n, config.cluster[0])
+      samples.setdefault(key, []).append(row["ms"] * 1e-3 / (waves * k_iters))
+  return {key: round(statistics.median(v), 9) for key, v in sorted(samples.items())}
+
+
+def regret(calibrations, params: Params = Params(), steps: dict = STEP_S) -> list[tuple]:
+  """Per shape of the calibration files: (label, measured time of the model's pick /
+  the fastest measured candidate, pick, fastest us, XLA us)."""
+  rows = []
+  for calibration in calibrations:
+    for shape in calibration["shapes"]:
+      problem = GemmProblem(**shape["problem"])
+      timed = [(row["ms"], _config(row["config"])) for row in shape["configs"] if "ms" in row]
+      if not timed:
+        continue
+      best = min(ms for ms, _ in timed)
+      pick_ms, pick = min(timed, key=lambda t: estimate(problem, t[1], params=params, steps=steps))
+      rows.append((shape["label"], pick_ms / best, pick, best * 1e3, shape["xla_ms"] * 1e3))
+  return rows
+
+
+FIT_GRID = dict(launch_s=(1.5e-6, 2e-6, 2.5e-6, 3e-6), tile_fixed_s=(0.3e-6, 0.6e-6, 1e-6, 1.35e-6),
+                hbm_bytes_per_s=(4e12, 5e12, 6e12), cta_bytes_per_s=(40e9, 56e9, 70e9))
+"""The values `fit` searches (a grid: the model is a max of terms, not smooth)."""
+
+
+def fit(calibrations) -> tuple[Params, dict]:
+  """(Params, STEP_S) that minimize the geometric-mean regret on the calibration
+  files (ties: the smaller RMS log error of the predictions)."""
+  steps = fit_steps(calibrations[0])
+  best = None
+  for values in itertools.product(*FIT_GRID.values()):
+    params = Params(*values)
+    rows = regret(calibrations, params, steps)
+    score = (round(statistics.geometric_mean([r[1] for r in rows]), 4),
+             _log_error(calibrations, params, steps))
+    if best is None or score < best[0]:
+      best = (score, params)
+  return best[1], steps
+
+
+def fit_report(calibrations) -> str:
+  """The fit of the shipped model and of a refit, shape by shape (for the CLI)."""
+  lines = []
+  for title, params, steps in (("shipped", Params(), STEP_S), ("refit", *fit(calibrations))):
+    rows = regret(calibrations, params, steps)
+    lines.append(f"{title}: {params}")
+    for label, r, pick, best_us, xla_us in rows:
+      lines.append(f"  {label:38s} regret {r:5.3f}  pick {describe(config_fields(pick)):48s} "
+                   f"best {best_us:8.1f} us  xla {xla_us:8.1f} us")
+    values = [r[1] for r in rows]
+    lines.append(f"  geomean regret {statistics.geometric_mean(values):.3f}, worst {max(values):.3f}, "
+                 f"RMS log error {_log_error(calibrations, params, steps):.3f}")
+  return "\n".join(lines)
+
+
+def _log_error(calibrations, params, steps) -> float:
+  errors = [math.log(estimate(GemmProblem(**s["problem"]), _config(r["config"]), params=params,
+                              steps=steps) / (r["ms"] * 1e-3))
+            for c in calibrations for s in c["shapes"] for r in s["configs"] if "ms" in r]
+  return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+# -- config <-> JSON -------------------------------------------------------------
+def config_fields(config: GemmConfig) -> dict:
+  """The JSON form of a config (as calibration files store it)."""
+  fields = dataclasses.asdict(config)
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+
+
+def _config(fields: dict) -> GemmConfig:
+  return GemmConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def describe(fields: dict) -> str:
+  """'TMxTNxTK sS schedule/split cluster CMxCN[ split_k S]' of a config's fields."""
+  text = (f"{fields['tile_m']}x{fields['tile_n']}x{fields['tile_k']} s{fields['stages']} "
+          f"{fields['schedule']}/{fields['wg_split']} cluster {fields['cluster'][0]}x{fields['cluster'][1]}")
+  return text + (f" split_k {fields['split_k']}" if fields.get("split_k", 1) > 1 else "")
+
+
+def _itemsize(dtype: str) -> int:
+  return jnp.dtype(dtype).itemsize

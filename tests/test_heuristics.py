@@ -1,0 +1,57 @@
+"""The default config's time model (`pallas_gemm.heuristics`): fitted to the shipped
+calibration, valid everywhere, and no worse than the grid's best by much on the fit shapes."""
+
+import json
+import os
+import statistics
+
+from hypothesis import given, settings, strategies as st
+import pytest
+
+from pallas_gemm import heuristics
+from pallas_gemm.config import GemmProblem
+
+CALIBRATION = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "calibration",
+                           "h100_fit.json")
+
+
+@pytest.fixture(scope="module")
+def calibration():
+  with open(CALIBRATION, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_step_table_is_the_fit_of_the_shipped_calibration(calibration):
+  assert heuristics.fit_steps(calibration) == heuristics.STEP_S
+
+
+def test_picks_on_the_fit_shapes_are_near_the_fastest_candidate(calibration):
+  regrets = [r[1] for r in heuristics.regret([calibration])]
+  assert len(regrets) == len(calibration["shapes"])
+  assert statistics.geometric_mean(regrets) < 1.03
+  assert max(regrets) < 1.15
+
+
+def test_estimate_orders_waves_and_tiles():
+  big = GemmProblem(m=8192, n=8192, k=8192)
+  wide, narrow = heuristics.GemmConfig(), heuristics.GemmConfig(tile_n=64, stages=8)
+  assert heuristics.estimate(big, wide) < heuristics.estimate(big, narrow)
+  # One more wave costs about one wave's time.
+  one = GemmProblem(m=128 * 132, n=256, k=4096)
+  two = GemmProblem(m=128 * 133, n=256, k=4096)
+  assert heuristics.estimate(two, wide) > 1.8 * heuristics.estimate(one, wide)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 70000), n=st.integers(1, 70000), k=st.integers(1, 70000),
+       dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn", "float32"]),
+       transpose_a=st.booleans(), transpose_b=st.booleans())
+def test_default_config_is_valid_for_any_problem(m, n, k, dtype, transpose_a, transpose_b):
+  if dtype in ("float8_e4m3fn", "float32"):  # the kernel takes these K-major only
+    transpose_a, transpose_b = False, True
+  problem = GemmProblem(m=m, n=n, k=k, dtype=dtype, transpose_a=transpose_a,
+                        transpose_b=transpose_b,
+                        out_dtype="float32" if dtype == "float32" else "bfloat16")
+  config = heuristics.default_config(problem, num_sms=132)
+  config.validate(problem)
+  assert config in heuristics.candidates(problem, 132) or not heuristics.candidates(problem, 132)
