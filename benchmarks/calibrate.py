@@ -76,6 +76,27 @@ def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_
   return results
 
 
+def check_defaults(sweeps, bound: float = 8e-3) -> int:
+  """The default config of every shape of `sweeps` against the XLA path (relative error,
+  fresh random operands): the time model picks tiles no tuning table ever held."""
+  from benchmarks import shapes as shapes_lib
+  from pallas_gemm import heuristics
+  from pallas_gemm.autotune import CuptiTimer
+
+  failures = 0
+  for sweep in sweeps:
+    for shape in shapes_lib.load_sweep(sweep):
+      problem, activation = shape.problem()
+      config = heuristics.default_config(problem)
+      err = CuptiTimer(problem, activation, iterations=1).verify(config)
+      ok = err <= bound
+      failures += not ok
+      print(f"{'PASS' if ok else 'FAIL'} {shape.label:40s} rel_err {err:.2e}  "
+            f"{heuristics.describe(heuristics.config_fields(config))}", flush=True)
+  print(f"defaults checked: {failures} failed")
+  return failures
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--sweep", default="fit")
@@ -84,6 +105,8 @@ def main(argv=None) -> int:
   parser.add_argument("--budget-s", type=float, default=400.0)
   parser.add_argument("--max-shapes", type=int, default=None)
   parser.add_argument("--out", default=os.environ.get("OUT"))
+  parser.add_argument("--check", default=None,
+                      help="comma list of sweeps: check each shape's default config against XLA")
   parser.add_argument("--fit", nargs="*", default=None,
                       help="calibration JSON files: fit the time model to them and print the fit")
   args = parser.parse_args(argv)
@@ -97,6 +120,8 @@ def main(argv=None) -> int:
   if jax.default_backend() != "gpu":
     print("calibration times kernels: it needs a Hopper GPU", file=sys.stderr)
     return 2
+  if args.check:
+    return 1 if check_defaults(args.check.split(",")) else 0
   calibrate(args.sweep, rounds=args.rounds, iterations=args.iterations, budget_s=args.budget_s,
             out_dir=args.out, max_shapes=args.max_shapes)
   return 0

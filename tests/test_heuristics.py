@@ -21,8 +21,10 @@ def calibration():
     return json.load(f)
 
 
-def test_step_table_is_the_fit_of_the_shipped_calibration(calibration):
-  assert heuristics.fit_steps(calibration) == heuristics.STEP_S
+def test_shipped_model_is_the_fit_of_the_shipped_calibration(calibration):
+  params, steps = heuristics.fit([calibration])
+  assert steps == heuristics.STEP_S
+  assert params == heuristics.Params()
 
 
 def test_picks_on_the_fit_shapes_are_near_the_fastest_candidate(calibration):
