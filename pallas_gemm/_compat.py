@@ -83,6 +83,31 @@ def device_sm_count() -> int | None:
 HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")
 """Device kinds of the Hopper family (sm_90)."""
 
+H100_SXM_HBM_BYTES_PER_S = 3.35e12
+"""The board the time models were fitted on."""
+
+HBM_BYTES_PER_S = ((re.compile(r"PCIe"), 2.0e12), (re.compile(r"\bH100 NVL\b"), 3.9e12),
+                   (re.compile(r"\bGH200\b"), 4.0e12), (re.compile(r"\bH200\b"), 4.8e12))
+"""Spec HBM bandwidth by device kind, first match; other Hopper boards: the H100 SXM's."""
+
+
+def hbm_scale(device_kind: str | None = None) -> float:
+  """The default (or named) GPU's HBM bandwidth over the H100 SXM's (1.0 without a GPU):
+  the time models scale their memory rates by it.
+
+  >>> hbm_scale("NVIDIA H200"), hbm_scale("NVIDIA H100 80GB HBM3")
+  (1.4328358208955223, 1.0)
+  """
+  if device_kind is None:
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+      return 1.0
+    device_kind = device.device_kind
+  for pattern, rate in HBM_BYTES_PER_S:
+    if pattern.search(device_kind):
+      return rate / H100_SXM_HBM_BYTES_PER_S
+  return 1.0
+
 
 def on_hopper() -> bool:
   """Whether the default device is a Hopper GPU (compute capability 9.x), where the

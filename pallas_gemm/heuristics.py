@@ -92,8 +92,15 @@ class Params:
   hbm_bytes_per_s: float = HBM_BYTES_PER_S
   cta_bytes_per_s: float = CTA_BYTES_PER_S
 
+  def for_board(self, hbm_scale: float) -> "Params":
+    """These parameters on a board with `hbm_scale` times the H100 SXM's HBM bandwidth
+    (`_compat.hbm_scale`): the memory rates scale, nothing else (not fitted there)."""
+    return dataclasses.replace(self, hbm_bytes_per_s=self.hbm_bytes_per_s * hbm_scale,
+                               cta_bytes_per_s=self.cta_bytes_per_s * hbm_scale)
 
-def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS) -> list[GemmConfig]:
+
+def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS,
+               hbm_scale: float = 1.0) -> list[GemmConfig]:
   """The valid configs of the grid for `problem`: tiles that do not overhang it by
   half a tile or more (a smaller tile does the same work), a 2x1 cluster only with
   >= 2 tile rows.
@@ -116,7 +123,7 @@ def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS) -> list[Gem
       cfg = fit_stages(cfg, problem, MAX_STAGES)
       options = [cfg]
       splits = split_k.choose(problem, tile_m=tm, tile_n=tn, tile_k=tk, stages=cfg.stages,
-                              num_sms=num_sms)
+                              num_sms=num_sms, hbm_scale=hbm_scale)
       if splits > 1:
         options.append(fit_stages(dataclasses.replace(
             cfg, split_k=splits, epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, MAX_STAGES))
@@ -164,10 +171,11 @@ def estimate(problem: GemmProblem, config: GemmConfig, num_sms: int = DEFAULT_NU
   return seconds
 
 
-def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConfig:
+def default_config(problem: GemmProblem, num_sms: int | None = None,
+                   hbm_scale: float | None = None) -> GemmConfig:
   """The candidate `estimate` predicts fastest: the config `matmul` uses when no tuning
-  cache or shipped table holds one for `problem`. `num_sms` defaults to the device's
-  SM count (132 without a GPU).
+  cache or shipped table holds one for `problem`. `num_sms` and `hbm_scale` default to
+  the device's SM count and HBM bandwidth over the H100 SXM's (132 and 1.0 without a GPU).
 
   >>> default_config(GemmProblem(m=4096, n=8192, k=4096, out_dtype="float32")).stages
   3
@@ -175,15 +183,17 @@ def default_config(problem: GemmProblem, num_sms: int | None = None) -> GemmConf
   >>> (cfg.tile_m, cfg.tile_n, cfg.split_k)   # measured: 50.8 us, XLA 48.9
   (64, 256, 6)
   """
-  if num_sms is None:
+  if num_sms is None or hbm_scale is None:
     from pallas_gemm import _compat  # local: jax is only needed to ask the device
 
-    num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
-  options = candidates(problem, num_sms)
+    num_sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
+    hbm_scale = hbm_scale or _compat.hbm_scale()
+  options = candidates(problem, num_sms, hbm_scale)
+  params = Params().for_board(hbm_scale)
   if not options:  # nothing of the grid is valid: the plain default, whose validation says why
     return fit_stages(GemmConfig(tile_k=default_tile_k(problem.dtype),
                                  wg_split="n" if problem.transpose_a else "m"), problem, 4)
-  return choose([(estimate(problem, cfg, num_sms), cfg) for cfg in options])
+  return choose([(estimate(problem, cfg, num_sms, params), cfg) for cfg in options])
 
 
 def choose(predicted):
