@@ -14,8 +14,9 @@ The model (seconds):
 `STEP` is the measured time of one K step of each CTA tile (its main-loop
 efficiency: WGMMA shape, SMEM and L2 feed), `waves` counts whole waves of
 work units over the SMs (wave quantization), `unique` is the bytes of A, B
-and the output. Everything is fitted to `benchmarks/calibration/h100_fit.json`
-(`fit`), the timings of every candidate on the fit sweep
+and the output; the memory rates scale with the board's HBM bandwidth
+(`Params.for_board`). Everything is fitted (`fit`) to
+`benchmarks/calibration/{h100,h200}_fit.json`, the timings of every candidate on the fit sweep
 (`benchmarks/shapes/fit.json`, `python -m benchmarks.calibrate`); the held-out
 sweep is the check that it generalizes (NOTES.md exp. 53). A K step is
 `default_tile_k(dtype)` deep, which makes its time about the same for fp8
@@ -52,24 +53,24 @@ MAX_STAGES = 8
 """Deepest ring tried (narrow tiles fit that many 64-deep stages)."""
 
 STEP_S = {
-    (64, 64, 1): 295e-9, (64, 64, 2): 243e-9, (64, 128, 1): 299e-9, (64, 128, 2): 286e-9,
-    (64, 256, 1): 397e-9, (64, 256, 2): 459e-9, (128, 64, 1): 377e-9, (128, 64, 2): 350e-9,
-    (128, 128, 1): 433e-9, (128, 128, 2): 415e-9, (128, 192, 1): 513e-9, (128, 192, 2): 515e-9,
-    (128, 256, 1): 670e-9, (128, 256, 2): 667e-9, (256, 128, 1): 676e-9, (256, 128, 2): 686e-9,
+    (64, 64, 1): 261e-9, (64, 64, 2): 223e-9, (64, 128, 1): 261e-9, (64, 128, 2): 263e-9,
+    (64, 256, 1): 394e-9, (64, 256, 2): 426e-9, (128, 64, 1): 369e-9, (128, 64, 2): 344e-9,
+    (128, 128, 1): 414e-9, (128, 128, 2): 401e-9, (128, 192, 1): 515e-9, (128, 192, 2): 518e-9,
+    (128, 256, 1): 674e-9, (128, 256, 2): 674e-9, (256, 128, 1): 683e-9, (256, 128, 2): 693e-9,
 }
 """Seconds per K step of a (tile_m, tile_n, cluster rows) CTA in a full wave: the
-median over the eight large projections of the fit sweep (`fit_steps`). Narrow
-tiles sit on a floor of ~250-300 ns per step (the feed, not the tensor cores);
-128x256 runs at 830 TFLOP/s equivalent."""
+median over the eight large projections of the fit sweep on the H100 and the H200
+(`fit_steps`). Narrow tiles sit on a floor of ~220-260 ns per step (the feed, not
+the tensor cores); 128x256 runs at 820 TFLOP/s equivalent."""
 
-LAUNCH_S = 2.0e-6
+LAUNCH_S = 2.5e-6
 """Fixed cost of one launch (`fit`)."""
 
 TILE_FIXED_S = 0.3e-6
 """Per work unit outside its K steps: pipeline fill and epilogue (`fit`)."""
 
 HBM_BYTES_PER_S = 6.0e12
-CTA_BYTES_PER_S = 56e9
+CTA_BYTES_PER_S = 70e9
 """Streaming the unique bytes: each active CTA pulls at most CTA_BYTES_PER_S, and all
 together add 1 / HBM_BYTES_PER_S per byte (`fit`; the form of `split_k.estimate`)."""
 
@@ -153,7 +154,7 @@ def estimate(problem: GemmProblem, config: GemmConfig, num_sms: int = DEFAULT_NU
 
   >>> p = GemmProblem(m=4096, n=4096, k=4096)
   >>> round(estimate(p, GemmConfig(cluster=(2, 1))) * 1e6)   # measured ~175 us
-  174
+  176
   """
   waves, k_iters, splits, units = _work(problem, config, num_sms)
   step = steps[(config.tile_m, config.tile_n, config.cluster[0])]
@@ -210,20 +211,27 @@ def _preference(config: GemmConfig):
 
 
 # -- fitting -------------------------------------------------------------------
-def fit_steps(calibration: dict, large: int = 8) -> dict:
-  """`STEP_S` from a calibration file: per tile, the median over its first `large`
-  shapes (large projections, full waves) of time / (waves * K steps)."""
+def fit_steps(calibrations, large: int = 8) -> dict:
+  """`STEP_S` from calibration files: per tile, the median over the first `large`
+  shapes of each file (large projections, full waves) of time / (waves * K steps)."""
   samples = {}
-  for shape in calibration["shapes"][:large]:
-    problem = GemmProblem(**shape["problem"])
-    for row in shape["configs"]:
-      config = _config(row["config"])
-      if "ms" not in row or config.split_k > 1:
-        continue
-      waves, k_iters, _, _ = _work(problem, config, calibration.get("num_sms", DEFAULT_NUM_SMS))
-      key = (config.tile_m, config.tile_n, config.cluster[0])
-      samples.setdefault(key, []).append(row["ms"] * 1e-3 / (waves * k_iters))
+  for calibration in calibrations:
+    for shape in calibration["shapes"][:large]:
+      problem = GemmProblem(**shape["problem"])
+      for row in shape["configs"]:
+        config = _config(row["config"])
+        if "ms" not in row or config.split_k > 1:
+          continue
+        waves, k_iters, _, _ = _work(problem, config, DEFAULT_NUM_SMS)
+        key = (config.tile_m, config.tile_n, config.cluster[0])
+        samples.setdefault(key, []).append(row["ms"] * 1e-3 / (waves * k_iters))
   return {key: round(statistics.median(v), 9) for key, v in sorted(samples.items())}
+
+
+def _board_scale(calibration: dict) -> float:
+  from pallas_gemm import _compat  # local: jax is only needed for the device table
+
+  return _compat.hbm_scale(calibration.get("env", {}).get("device", ""))
 
 
 def regret(calibrations, params: Params = Params(), steps: dict = STEP_S) -> list[tuple]:
@@ -231,13 +239,14 @@ def regret(calibrations, params: Params = Params(), steps: dict = STEP_S) -> lis
   the fastest measured candidate, pick, fastest us, XLA us)."""
   rows = []
   for calibration in calibrations:
+    board = params.for_board(_board_scale(calibration))
     for shape in calibration["shapes"]:
       problem = GemmProblem(**shape["problem"])
       timed = [(row["ms"], _config(row["config"])) for row in shape["configs"] if "ms" in row]
       if not timed:
         continue
       best = min(ms for ms, _ in timed)
-      pick = choose([(estimate(problem, cfg, params=params, steps=steps), cfg) for _, cfg in timed])
+      pick = choose([(estimate(problem, cfg, params=board, steps=steps), cfg) for _, cfg in timed])
       pick_ms = next(ms for ms, cfg in timed if cfg == pick)
       rows.append((shape["label"], pick_ms / best, pick, best * 1e3, shape["xla_ms"] * 1e3))
   return rows
@@ -251,7 +260,7 @@ FIT_GRID = dict(launch_s=(1.5e-6, 2e-6, 2.5e-6, 3e-6), tile_fixed_s=(0.3e-6, 0.6
 def fit(calibrations) -> tuple[Params, dict]:
   """(Params, STEP_S) that minimize the geometric-mean regret on the calibration
   files (ties: the smaller RMS log error of the predictions)."""
-  steps = fit_steps(calibrations[0])
+  steps = fit_steps(calibrations)
   best = None
   for values in itertools.product(*FIT_GRID.values()):
     params = Params(*values)
@@ -279,8 +288,9 @@ def fit_report(calibrations) -> str:
 
 
 def _log_error(calibrations, params, steps) -> float:
-  errors = [math.log(estimate(GemmProblem(**s["problem"]), _config(r["config"]), params=params,
-                              steps=steps) / (r["ms"] * 1e-3))
+  errors = [math.log(estimate(GemmProblem(**s["problem"]), _config(r["config"]),
+                              params=params.for_board(_board_scale(c)), steps=steps)
+                     / (r["ms"] * 1e-3))
             for c in calibrations for s in c["shapes"] for r in s["configs"] if "ms" in r]
   return math.sqrt(sum(e * e for e in errors) / len(errors))
 

@@ -11,25 +11,29 @@ import pytest
 from pallas_gemm import heuristics
 from pallas_gemm.config import GemmProblem
 
-CALIBRATION = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "calibration",
-                           "h100_fit.json")
+CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "calibration")
+BOARDS = ("h100", "h200")
 
 
 @pytest.fixture(scope="module")
-def calibration():
-  with open(CALIBRATION, encoding="utf-8") as f:
-    return json.load(f)
+def calibrations():
+  loaded = []
+  for board in BOARDS:
+    with open(os.path.join(CALIBRATION_DIR, f"{board}_fit.json"), encoding="utf-8") as f:
+      loaded.append(json.load(f))
+  return loaded
 
 
-def test_shipped_model_is_the_fit_of_the_shipped_calibration(calibration):
-  params, steps = heuristics.fit([calibration])
+def test_shipped_model_is_the_fit_of_the_shipped_calibrations(calibrations):
+  params, steps = heuristics.fit(calibrations)
   assert steps == heuristics.STEP_S
   assert params == heuristics.Params()
 
 
-def test_picks_on_the_fit_shapes_are_near_the_fastest_candidate(calibration):
-  regrets = [r[1] for r in heuristics.regret([calibration])]
-  assert len(regrets) == len(calibration["shapes"])
+@pytest.mark.parametrize("board", range(len(BOARDS)), ids=BOARDS)
+def test_picks_on_the_fit_shapes_are_near_the_fastest_candidate(calibrations, board):
+  regrets = [r[1] for r in heuristics.regret([calibrations[board]])]
+  assert len(regrets) == len(calibrations[board]["shapes"])
   assert statistics.geometric_mean(regrets) < 1.03
   assert max(regrets) < 1.15
 
