@@ -25,7 +25,7 @@ import time
 def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_dir: str | None,
               max_shapes: int | None = None) -> dict:
   from benchmarks import matmul as harness
-  from benchmarks import shapes as shapes_lib
+  from pallas_gemm import shapes as shapes_lib
   from pallas_gemm import heuristics
   from pallas_gemm.autotune import CuptiTimer
 
@@ -79,7 +79,7 @@ def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_
 def check_defaults(sweeps, bound: float = 8e-3) -> int:
   """The default config of every shape of `sweeps` against the XLA path (relative error,
   fresh random operands): the time model picks tiles no tuning table ever held."""
-  from benchmarks import shapes as shapes_lib
+  from pallas_gemm import shapes as shapes_lib
   from pallas_gemm import heuristics
   from pallas_gemm.autotune import CuptiTimer
 

@@ -319,7 +319,7 @@ def main(argv=None):
   parser.add_argument("--out", default=os.environ.get("OUT"),
                       help="folder for results.json (sweeps: sweep_NAME.json/.png); default $OUT")
   parser.add_argument("--sweep", default=None,
-                      help="a named sweep of benchmarks/shapes (llm, training, odd, tall_skinny_k): "
+                      help="a named sweep of pallas_gemm/shapes (llm, training, odd, tall_skinny_k): "
                            "pallas_gemm vs jnp.dot side by side, summary table last")
   parser.add_argument("--m-values", default=None,
                       help="sweeps: comma list of M values to keep, or 'all' (llm default: 1,16,64,256)")

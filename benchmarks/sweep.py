@@ -3,7 +3,7 @@
     python -m benchmarks.matmul --sweep llm --out out/llm      # on the H100
     python -m benchmarks.matmul --sweep llm                    # no GPU: the plan only
 
-The shapes come from `benchmarks/shapes/NAME.json`; `--m-values` keeps the
+The shapes come from `pallas_gemm/shapes/NAME.json`; `--m-values` keeps the
 shapes whose M is listed (the llm sweep defaults to `DEFAULT_M_VALUES`) and
 `--max-shapes` the first few. Timing is the harness's (`benchmarks.matmul.run_cases`:
 CUPTI, contenders interleaved in rounds). The summary holds per shape the
@@ -25,7 +25,7 @@ import math
 import statistics
 import time
 
-from benchmarks import shapes as shapes_lib
+from pallas_gemm import shapes as shapes_lib
 from benchmarks.roofline import H100_SXM, Roofline, min_bytes
 
 DEFAULT_M_VALUES = {"llm": (1, 16, 64, 256)}
@@ -234,7 +234,7 @@ def routed(case) -> str | None:
   """'xla (why)' when the default (`implementation=None` on a GPU) runs XLA's GEMM for
   `case` (`pallas_gemm.route`), else None.
 
-  >>> from benchmarks.shapes import Shape
+  >>> from pallas_gemm.shapes import Shape
   >>> routed(Shape(m=4096, n=4096, k=8))
   'xla (K=8 < 64: one partial K step (XLA is faster at tiny K))'
   >>> routed(Shape(m=4096, n=4096, k=4096)) is None

@@ -17,7 +17,7 @@ work units over the SMs (wave quantization), `unique` is the bytes of A, B
 and the output; the memory rates scale with the board's HBM bandwidth
 (`Params.for_board`). Everything is fitted (`fit`) to
 `benchmarks/calibration/{h100,h200}_fit.json`, the timings of every candidate on the fit sweep
-(`benchmarks/shapes/fit.json`, `python -m benchmarks.calibrate`); the held-out
+(`pallas_gemm/shapes/fit.json`, `python -m benchmarks.calibrate`); the held-out
 sweep is the check that it generalizes (NOTES.md exp. 53). A K step is
 `default_tile_k(dtype)` deep, which makes its time about the same for fp8
 (twice the rate, twice the depth) and tf32 (half, half) as for 16-bit types.

@@ -1,7 +1,7 @@
 """Tune GEMM shapes ahead of time and write the tuning cache.
 
-    python -m pallas_gemm.tune --shapes my_shapes.json    # a shapes file (see benchmarks.shapes)
-    python -m pallas_gemm.tune --sweep llm                # a named sweep of benchmarks/shapes
+    python -m pallas_gemm.tune --shapes my_shapes.json    # a shapes file (see pallas_gemm.shapes)
+    python -m pallas_gemm.tune --sweep llm                # a named sweep of pallas_gemm/shapes
     python -m pallas_gemm.tune --sweep odd --dry-run      # list the candidates; no GPU needed
 
 Tuning needs a Hopper GPU: without one it says so and exits with status 2.
@@ -24,7 +24,7 @@ from pallas_gemm import tuning_cache
 from pallas_gemm.autotune import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
-_SWEEP = flags.DEFINE_string("sweep", None, "named sweep of benchmarks/shapes (llm, training, ...)")
+_SWEEP = flags.DEFINE_string("sweep", None, "named sweep of pallas_gemm/shapes (llm, training, ...)")
 _M_VALUES = flags.DEFINE_list("m_values", None, "keep only the shapes whose M is one of these")
 _TILE_K = flags.DEFINE_list("tile_k", None, "tile_k values to try (default: all of SearchSpace)")
 _LOG = flags.DEFINE_string("log", None, "append every timed config as a JSON line to this file")
@@ -98,7 +98,7 @@ class ProgressBar:
 def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
                 space: SearchSpace = SearchSpace(), out=None, err=None,
                 timer_factory=CuptiTimer, iterations: int = 20, log: str | None = None) -> int:
-  """Tunes (or, with `dry_run`, lists the candidates of) each `benchmarks.shapes.Shape`.
+  """Tunes (or, with `dry_run`, lists the candidates of) each `pallas_gemm.shapes.Shape`.
 
   Returns the exit status: 0; 1 if some shape had no config that ran; or
   `NO_GPU_STATUS` when tuning needs a GPU that is not there. `timer_factory(problem, activation, iterations=...)` makes the
@@ -145,7 +145,7 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
 
 
 def _load_shapes():
-  from benchmarks import shapes  # the shapes-file format lives with the sweeps
+  from pallas_gemm import shapes
 
   if (_SHAPES.value is None) == (_SWEEP.value is None):
     raise app.UsageError("give exactly one of --shapes FILE or --sweep NAME")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks.shapes import Shape
+from pallas_gemm.shapes import Shape
 from pallas_gemm import tune
 from pallas_gemm import tuning_cache as tc
 from pallas_gemm.config import GemmConfig, GemmProblem

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import plot
 from benchmarks import roofline
-from benchmarks import shapes
+from pallas_gemm import shapes
 from pallas_gemm.autotune import candidate_configs
 from pallas_gemm.config import GemmProblem
 

@@ -97,7 +97,7 @@ def test_default_config_of_large_problems_is_the_tuned_one(problem):
 
 
 def test_every_default_of_the_sweeps_validates():
-  from benchmarks import shapes
+  from pallas_gemm import shapes
 
   for name in shapes.sweep_names():
     for shape in shapes.load_sweep(name):
