@@ -27,7 +27,7 @@ def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_
   from benchmarks import matmul as harness
   from pallas_gemm import shapes as shapes_lib
   from pallas_gemm import heuristics
-  from pallas_gemm.autotune import CuptiTimer
+  from pallas_gemm.tuner import CuptiTimer
 
   env = harness.environment()
   print(json.dumps(env), flush=True)
@@ -81,7 +81,7 @@ def check_defaults(sweeps, bound: float = 8e-3) -> int:
   fresh random operands): the time model picks tiles no tuning table ever held."""
   from pallas_gemm import shapes as shapes_lib
   from pallas_gemm import heuristics
-  from pallas_gemm.autotune import CuptiTimer
+  from pallas_gemm.tuner import CuptiTimer
 
   failures = 0
   for sweep in sweeps:

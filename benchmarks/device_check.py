@@ -29,7 +29,7 @@ import numpy as np
 
 from benchmarks import matmul as harness
 from pallas_gemm import GemmConfig, matmul
-from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (return_pre)
+from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (return_pre)
 
 BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4,
           "float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
@@ -115,7 +115,7 @@ def checks() -> list[Check]:
       Check("NN 200x136x72", (200, 72), (72, 136)),
       Check("NN 5x1x40", (5, 40), (40, 1)),
       Check("NN 1x300x1", (1, 1), (1, 300)),
-      # N of one swizzle span or less under a 256-wide tile (once all wrong: see matmul._box_cols).
+      # N of one swizzle span or less under a 256-wide tile (once all wrong: see gemm._box_cols).
       Check("NN 256x64x512", (256, 512), (512, 64)),
       Check("NN 100x32x96", (100, 96), (96, 32)),
       Check("NT 256x64x512", (256, 512), (64, 512), dict(transpose_b=True)),

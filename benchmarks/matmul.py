@@ -36,8 +36,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from pallas_gemm.autotune import L2_MODES, rotating
-from pallas_gemm.autotune import input_sets as _input_sets
+from pallas_gemm.tuner import L2_MODES, rotating
+from pallas_gemm.tuner import input_sets as _input_sets
 
 PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
                "float8_e5m2": 1978.9, "float32": 494.7}
@@ -88,7 +88,7 @@ def case_bytes(case: Case) -> int:
 
 
 def input_sets(case: Case, l2: str = "cold") -> int:
-  """Input sets one timed call runs in turn (`pallas_gemm.autotune.input_sets`)."""
+  """Input sets one timed call runs in turn (`pallas_gemm.tuner.input_sets`)."""
   return _input_sets(case_bytes(case), l2)
 
 

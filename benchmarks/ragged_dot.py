@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.matmul import PEAK_TFLOPS, cupti_times_ms, environment, parse_shapes
-from pallas_gemm.ragged_dot import ragged_dot
+from pallas_gemm.grouped import ragged_dot
 from pallas_gemm.ragged_gemm import RaggedConfig
 
 PALLAS_CONFIGS = (

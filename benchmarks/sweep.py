@@ -85,7 +85,7 @@ def sweep_cases(name: str, m_values=None, max_shapes: int | None = None):
 
 def case_problem(case):
   """(GemmProblem, activation) of a harness case, as `matmul` sees it."""
-  from pallas_gemm.autotune import make_problem
+  from pallas_gemm.tuner import make_problem
 
   dims = (case.batch, case.m, case.n, case.k) if case.batch > 1 else (case.m, case.n, case.k)
   epilogue = "bias+gelu_tanh" if case.epilogue == "bias_gelu" else None

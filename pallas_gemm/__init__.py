@@ -10,10 +10,10 @@
 from importlib import metadata as _metadata
 
 from pallas_gemm.autodiff import matmul
-from pallas_gemm.autotune import autotune
+from pallas_gemm.tuner import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
-from pallas_gemm.dot_general import dot_general, make_dot_general
-from pallas_gemm.ragged_dot import ragged_dot
+from pallas_gemm.dot import dot_general, make_dot_general
+from pallas_gemm.grouped import ragged_dot
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config

@@ -67,14 +67,14 @@ from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
-from pallas_gemm.matmul import IMPLEMENTATIONS, check_flags, check_real
+from pallas_gemm.gemm import IMPLEMENTATIONS, check_flags, check_real
 
 
 def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
            implementation: str | None = None, autotune: bool | None = None,
            row_bias=None, residual=None, clamp=None, out_scale=None):
-  """`pallas_gemm.matmul.matmul` (the kernel entry; same arguments, same result), differentiable.
+  """`pallas_gemm.gemm.gemm` (the kernel entry; same arguments, same result), differentiable.
 
   Adds reverse-mode gradients for a, b, bias, c, row_bias and residual (see
   the module doc), vmap onto the kernel's batch dimension (`batching`), and

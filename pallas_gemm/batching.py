@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
-from pallas_gemm.matmul import matmul as kernel_matmul
+from pallas_gemm.gemm import gemm as kernel_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class GemmCall:
 
 
 def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None):
-  """What `pallas_gemm.matmul.matmul` computes for `call` and these arrays."""
+  """What `pallas_gemm.gemm.gemm` computes for `call` and these arrays."""
   return _vmappable(call)(a, b, bias, c, row_bias, residual)
 
 

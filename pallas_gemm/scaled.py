@@ -39,8 +39,8 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
-from pallas_gemm.matmul import (IMPLEMENTATIONS, _epilogue_spec, _kernel_matmul, _problem,
-                                _xla_matmul)
+from pallas_gemm.gemm import (IMPLEMENTATIONS, epilogue_spec, kernel_gemm, gemm_problem,
+                                xla_gemm)
 
 
 def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=None,
@@ -92,8 +92,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
     raise ValueError(f"b must be 2-D ((N, K) with transpose_b, else (K, N)), got shape {b.shape}")
   if out_dtype is None:
     raise TypeError("out_dtype must be a dtype, got None")
-  problem, batch_shape = _problem(a, b, False, transpose_b, bias, None, 0.0, out_dtype)
-  spec = _epilogue_spec(problem, epilogue_lib.activation_name(activation), 1.0, 0.0, None, None)
+  problem, batch_shape = gemm_problem(a, b, False, transpose_b, bias, None, 0.0, out_dtype)
+  spec = epilogue_spec(problem, epilogue_lib.activation_name(activation), 1.0, 0.0, None, None)
   m, n = problem.m, problem.n
   a_scale = _scale("a_scale", a_scale, m, "M")
   b_scale = _scale("b_scale", b_scale, n, "N")
@@ -119,9 +119,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
         "reads B through a transposed shared-memory view); use jax >= 0.11 or "
         "implementation='xla'")
   if implementation == "xla":
-    return _xla_matmul(a, b, problem, spec, bias, None, scalars=scalars,
+    return xla_gemm(a, b, problem, spec, bias, None, scalars=scalars,
                                   amax=return_amax, **vectors)
-  return _kernel_matmul(
+  return kernel_gemm(
       a, b, problem, batch_shape, spec, bias, None, config,
       interpret=implementation == "interpret", autotune=None, scalars=scalars,
       amax=return_amax, **vectors)

@@ -21,7 +21,7 @@ from absl import flags
 import jax
 
 from pallas_gemm import tuning_cache
-from pallas_gemm.autotune import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
+from pallas_gemm.tuner import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
 _SWEEP = flags.DEFINE_string("sweep", None, "named sweep of pallas_gemm/shapes (llm, training, ...)")

@@ -22,8 +22,7 @@ from pallas_gemm import tuning_cache as tc
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.heuristics import default_config
 
-# The module, not the `pallas_gemm.autotune` function the package exports under the same name.
-at = importlib.import_module("pallas_gemm.autotune")
+at = importlib.import_module("pallas_gemm.tuner")
 BIG = GemmProblem(m=4096, n=4096, k=4096)
 SPACE = at.SearchSpace()
 

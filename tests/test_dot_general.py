@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_gemm.dot_general import dot_general, make_dot_general
+from pallas_gemm.dot import dot_general, make_dot_general
 
 XLA = make_dot_general(implementation="xla")
 

@@ -11,7 +11,7 @@ from flax import linen, nnx  # noqa: E402
 
 from pallas_gemm import _compat  # noqa: E402
 from pallas_gemm import flax as pflax  # noqa: E402
-from pallas_gemm.dot_general import dot_general  # noqa: E402
+from pallas_gemm.dot import dot_general  # noqa: E402
 
 ACTIVATIONS = {
     None: lambda y: y,

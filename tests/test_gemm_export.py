@@ -258,7 +258,7 @@ def test_pingpong_needs_even_stages_from_4(stages):
                          ids=["default", "pingpong", "whole-tile-epilogue"])
 def test_return_pre(config):
   """y and pre from one epilogue: two outputs of the same kernel (what training saves)."""
-  from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry
+  from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry
 
   args = (jax.ShapeDtypeStruct((1000, 520), jnp.bfloat16),
           jax.ShapeDtypeStruct((1016, 520), jnp.bfloat16), jax.ShapeDtypeStruct((1016,), jnp.float32))

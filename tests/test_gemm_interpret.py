@@ -23,7 +23,7 @@ import pytest
 from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.hopper_gemm import hopper_gemm
-from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (not differentiable)
+from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (not differentiable)
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 

@@ -12,7 +12,7 @@ import pytest
 from benchmarks import matmul
 from benchmarks.matmul import Case
 
-autotune = importlib.import_module("pallas_gemm.autotune")  # the module, not the function
+autotune = importlib.import_module("pallas_gemm.tuner")
 
 
 def test_docstring_examples():

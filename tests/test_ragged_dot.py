@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from pallas_gemm import _compat
-from pallas_gemm.ragged_dot import _run_tgmm, ragged_dot
+from pallas_gemm.grouped import _run_tgmm, ragged_dot
 from pallas_gemm.ragged_tgmm import TgmmConfig, TgmmProblem, ragged_tgmm
 from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _item_decoder, _Plan,
                                      default_ragged_config, max_items, ragged_gemm)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pallas_gemm import GemmConfig, GemmProblem, _compat, fp8, scaled, scaled_matmul
-from pallas_gemm.matmul import _epilogue_spec, _kernel_matmul, _problem
+from pallas_gemm.gemm import epilogue_spec, kernel_gemm, gemm_problem
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
@@ -122,13 +122,13 @@ def test_config_that_does_not_fit_is_rejected_before_mosaic():
 
 def test_cached_config_that_does_not_fit_is_not_used():
   """The tuning cache's key omits amax/scales; a cached config without room for them is dropped."""
-  from pallas_gemm.matmul import _usable
+  from pallas_gemm.gemm import usable_config
 
   problem = GemmProblem(m=8192, n=8192, k=8192, dtype=E4M3, transpose_b=True, has_bias=True,
                         amax=True)
-  assert _usable(GemmConfig(tile_k=128, stages=4), problem) is None
-  assert _usable(GemmConfig(tile_k=128, stages=3), problem) == GemmConfig(tile_k=128, stages=3)
-  assert _usable(None, problem) is None
+  assert usable_config(GemmConfig(tile_k=128, stages=4), problem) is None
+  assert usable_config(GemmConfig(tile_k=128, stages=3), problem) == GemmConfig(tile_k=128, stages=3)
+  assert usable_config(None, problem) is None
 
 
 def test_scales_are_kernel_operands():
@@ -190,9 +190,9 @@ def test_scaled_epilogue_on_bf16_operands():
   a, b = _random(rng, (M, K), "bfloat16"), _random(rng, (K, N), "bfloat16")
   row, col = (jnp.asarray(rng.uniform(0.5, 2.0, n), jnp.float32) for n in (M, N))
   bias = _random(rng, (N,), jnp.float32) - 8.0
-  problem, batch = _problem(a, b, False, False, bias, None, 0.0, "float32")
-  spec = _epilogue_spec(problem, "sigmoid", 1.0, 0.0, None, None)
-  y, amax = _kernel_matmul(a, b, problem, batch, spec, bias, None, None, interpret=True,
+  problem, batch = gemm_problem(a, b, False, False, bias, None, 0.0, "float32")
+  spec = epilogue_spec(problem, "sigmoid", 1.0, 0.0, None, None)
+  y, amax = kernel_gemm(a, b, problem, batch, spec, bias, None, None, interpret=True,
                            autotune=None, scalars=jnp.array([0.05, 1.0], jnp.float32),
                            row_scale=row, col_scale=col, amax=True)
   ref, _ = _reference(a, b, row * 0.05, col, bias=bias, transpose_b=False)

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import plot
 from benchmarks import roofline
 from pallas_gemm import shapes
-from pallas_gemm.autotune import candidate_configs
+from pallas_gemm.tuner import candidate_configs
 from pallas_gemm.config import GemmProblem
 
 

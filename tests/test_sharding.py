@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pallas_gemm.autodiff import matmul
-from pallas_gemm.dot_general import make_dot_general
+from pallas_gemm.dot import make_dot_general
 
 DEVICES = 4
 HAS_DEVICES = jax.device_count() >= DEVICES

@@ -17,7 +17,7 @@ from benchmarks import sweep
 from benchmarks.matmul import Case
 from pallas_gemm import (GemmConfig, GemmProblem, config as config_lib, matmul, scaled_matmul,
                          split_k)
-from pallas_gemm.autotune import candidate_configs
+from pallas_gemm.tuner import candidate_configs
 from pallas_gemm.config import tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
@@ -191,7 +191,7 @@ def test_interpret_split_k_batched_with_c_row_bias_and_residual():
 
 def test_interpret_split_k_return_pre():
   """With split-K the epilogue runs after the sum, in XLA: y and pre both come from there."""
-  from pallas_gemm.matmul import matmul as kernel_matmul  # the kernel entry (return_pre)
+  from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (return_pre)
 
   rng = np.random.default_rng()
   a, b = _bf16(rng, (40, 1000)), _bf16(rng, (1000, 136))

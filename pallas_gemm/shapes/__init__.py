@@ -53,7 +53,7 @@ class Shape:
 
     def problem(self):
         """(GemmProblem, activation) as `pallas_gemm.matmul` sees this shape."""
-        from pallas_gemm.autotune import make_problem
+        from pallas_gemm.tuner import make_problem
 
         dims = (self.batch, self.m, self.n, self.k) if self.batch > 1 else (self.m, self.n, self.k)
         return make_problem(dims, self.dtype, self.layout, self.epilogue, out_dtype=self.out_dtype)

@@ -338,12 +338,12 @@ class CuptiTimer:
     self._reference = None  # the XLA path's output, computed on the first `verify`
 
   def _run_with(self, config: GemmConfig | None, implementation: str):
-    from pallas_gemm.matmul import matmul  # not at the top: matmul consults this module
+    from pallas_gemm.gemm import gemm  # not at the top: gemm consults this module
 
     problem = self.problem
 
     def run(a, b, bias, c):
-      return matmul(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+      return gemm(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
                     bias=bias, activation=self.activation, c=c,
                     beta=1.0 if problem.has_c else 0.0, out_dtype=problem.out_dtype,
                     config=config, implementation=implementation)

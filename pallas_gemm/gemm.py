@@ -1,8 +1,10 @@
-"""Public entry point: `matmul` = act(alpha * op(a) @ op(b) + beta * c + bias) (+ extras).
+"""The GEMM entry under `pallas_gemm.matmul`: `gemm` = act(alpha * op(a) @ op(b) + beta * c + bias)
+(+ extras), with argument checks, routing, TMA padding and the launch; not differentiable
+(`pallas_gemm.autodiff.matmul`, exported as `pallas_gemm.matmul`, wraps it in a `custom_vjp`).
 
 >>> import jax.numpy as jnp
 >>> a = jnp.ones((4, 3), jnp.bfloat16); b = jnp.ones((3, 2), jnp.bfloat16)
->>> matmul(a, b, bias=jnp.array([1.0, -9.0]), activation="relu", implementation="xla")[0].tolist()
+>>> gemm(a, b, bias=jnp.array([1.0, -9.0]), activation="relu", implementation="xla")[0].tolist()
 [4.0, 0.0]
 
 Operand layouts are free: `transpose_a=True` means `a` is stored (..., K, M),
@@ -10,11 +12,11 @@ Operand layouts are free: `transpose_a=True` means `a` is stored (..., K, M),
 either with TMA and hands WGMMA a transposed SMEM view, so no transposed copy is
 made. fp8 (e4m3, e5m2) and f32 (tf32) operands must be K-major for WGMMA (A as
 (M, K), B as (N, K)): other layouts are transposed by XLA first, one extra HBM
-read+write of that operand (measured in NOTES.md).
+read+write of that operand (measured in NOTES.md exp. 12).
 
 Shapes TMA cannot address as they are (see `_tma_layout`) are handled by
 zero-padding only the offending array, at the cost of one copy of it; every
-such copy is listed in NOTES.md ("odd shapes").
+such copy is listed in DESIGN.md ("odd shapes").
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import route
 from pallas_gemm import smem
+from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
 from pallas_gemm import split_k
 from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
                                 KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem)
 from pallas_gemm.heuristics import default_config
-from pallas_gemm.autotune import resolve_config
+from pallas_gemm.tuner import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 
 IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
@@ -43,7 +46,7 @@ INTERPRET_NUM_SMS = 2
 """Persistent grid size in interpret mode (grid points run one after another there)."""
 
 
-def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
+def gemm(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
            c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
            implementation: str | None = None, autotune: bool | None = None,
            row_bias=None, residual=None, clamp=None, out_scale=None, return_pre=False):
@@ -101,9 +104,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
   activation = epilogue_lib.activation_name(activation)
   a, b = jnp.asarray(a), jnp.asarray(b)
-  problem, batch_shape = _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
+  problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = _check_extras(problem, batch_shape, row_bias, residual)
-  spec = _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
+  spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
   if c is not None and beta == 0.0:
     c = None
   if implementation is None:
@@ -114,9 +117,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     implementation = ("pallas" if config or autotune else route.choose(problem)[0]
                       ) if _compat.on_hopper() else "xla"
   if implementation == "xla":
-    return _xla_matmul(a, b, problem, spec, bias, c, row_bias, residual,
+    return xla_gemm(a, b, problem, spec, bias, c, row_bias, residual,
                        return_pre=bool(return_pre))
-  return _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config,
+  return kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config,
                         interpret=implementation == "interpret", autotune=autotune,
                         row_bias=row_bias, residual=residual, return_pre=bool(return_pre))
 
@@ -142,7 +145,7 @@ def check_real(**arrays) -> None:
       raise TypeError(f"{name} must be real, got {jnp.result_type(x)}")
 
 
-def _problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
+def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   """Checks the arguments; returns the GemmProblem and the batch shape."""
   check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
   check_real(bias=bias, c=c)
@@ -200,7 +203,7 @@ def _check_extras(problem, batch_shape, row_bias, residual):
                              residual_dtype=residual_dtype)
 
 
-def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
+def epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
   bounds = (None, None)
   if clamp is not None:
     if not isinstance(clamp, (tuple, list)) or len(clamp) != 2 or not all(
@@ -227,7 +230,7 @@ def _epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
 
 
 # -- XLA reference path -------------------------------------------------------
-def _xla_matmul(a, b, problem, spec, bias, c, row_bias=None, residual=None, *,
+def xla_gemm(a, b, problem, spec, bias, c, row_bias=None, residual=None, *,
                 scalars=None, row_scale=None, col_scale=None, amax=False, return_pre=False):
   """The XLA implementation (results as `_epilogue_in_xla` returns them)."""
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
@@ -267,32 +270,6 @@ def _epilogue_in_xla(out_dtype, spec, acc, *, bias=None, c=None, row_bias=None, 
 
 
 # -- kernel path --------------------------------------------------------------
-def _round_up(x, multiple):
-  return -(-x // multiple) * multiple
-
-
-def _pad_last2(x, rows, cols):
-  """Zero-pads the last two dims of `x` up to (rows, cols); no-op if already there."""
-  pad_r, pad_c = rows - x.shape[-2], cols - x.shape[-1]
-  if pad_r <= 0 and pad_c <= 0:
-    return x
-  widths = [(0, 0)] * (x.ndim - 2) + [(0, max(pad_r, 0)), (0, max(pad_c, 0))]
-  return jnp.pad(x, widths)
-
-
-def _tma_rows(rows):
-  """Second-minor extent TMA accepts: a multiple of 8, or fewer than 8 rows."""
-  return rows if rows < 8 else _round_up(rows, 8)
-
-
-def _tma_operand_cols(cols, dtype):
-  """Minor extent for a WGMMA operand: 16-byte rows and a 128-byte swizzle."""
-  span = smem.swizzle_span(dtype, 128)
-  if smem.is_tma_compatible_extent(dtype, cols, 128):
-    return cols
-  return _round_up(cols, span)
-
-
 def _tma_layout(a, b, problem, config, interpret):
   """Pads A and B only where TMA cannot read them as they are.
 
@@ -306,19 +283,19 @@ def _tma_layout(a, b, problem, config, interpret):
     tm, tn = config.tile_m * config.cluster[0], config.tile_n * config.cluster[1]
     splits, k_iters = config.k_splits(problem)
     k = splits * k_iters * config.tile_k  # whole K slices: the interpreter has no zero fill
-    m, n = _round_up(problem.m, tm), _round_up(problem.n, tn)
+    m, n = round_up(problem.m, tm), round_up(problem.n, tn)
     a_rows, a_cols = (k, m) if problem.transpose_a else (m, k)
     b_rows, b_cols = (n, k) if problem.transpose_b else (k, n)
-    return (_pad_last2(a, max(a_rows, a.shape[-2]), max(a_cols, a.shape[-1])),
-            _pad_last2(b, max(b_rows, b.shape[-2]), max(b_cols, b.shape[-1])))
+    return (pad_last2(a, max(a_rows, a.shape[-2]), max(a_cols, a.shape[-1])),
+            pad_last2(b, max(b_rows, b.shape[-2]), max(b_cols, b.shape[-1])))
   dtype = problem.dtype
   common = smem.widest_swizzle(dtype, config.tile_k, a.shape[-1], b.shape[-1])
   if common is not None and common >= 64:
     a_cols, b_cols = a.shape[-1], b.shape[-1]
   else:
-    a_cols, b_cols = _tma_operand_cols(a.shape[-1], dtype), _tma_operand_cols(b.shape[-1], dtype)
-  return (_pad_last2(a, _tma_rows(a.shape[-2]), a_cols),
-          _pad_last2(b, _tma_rows(b.shape[-2]), b_cols))
+    a_cols, b_cols = tma_operand_cols(a.shape[-1], dtype), tma_operand_cols(b.shape[-1], dtype)
+  return (pad_last2(a, tma_rows(a.shape[-2]), a_cols),
+          pad_last2(b, tma_rows(b.shape[-2]), b_cols))
 
 
 def _box_cols(cols, box, dtype, swizzle):
@@ -335,22 +312,22 @@ def _out_extent(problem, config, interpret):
   """(rows, cols) of the output the kernel writes (>= (M, N); sliced afterwards)."""
   if interpret:
     cm, cn = config.cluster
-    return _round_up(problem.m, config.tile_m * cm), _round_up(problem.n, config.tile_n * cn)
+    return round_up(problem.m, config.tile_m * cm), round_up(problem.n, config.tile_n * cn)
   em, en = config.epilogue_shape
   cols = problem.n
   if smem.widest_swizzle(problem.out_dtype, en, cols) is None:
-    cols = _round_up(cols, smem.swizzle_span(problem.out_dtype, 32))
+    cols = round_up(cols, smem.swizzle_span(problem.out_dtype, 32))
   # The stores of a tile's epilogue chunks past N must not land on a one-span output.
   cols = _box_cols(cols, config.tile_n, problem.out_dtype,
                    smem.widest_swizzle(problem.out_dtype, en, cols))
-  return _tma_rows(problem.m), cols
+  return tma_rows(problem.m), cols
 
 
 def _residual_cols(dtype, cols, config):
   """Minor extent of the residual: `cols`, widened if TMA cannot read it with any swizzle."""
   _, en = config.epilogue_shape
   if smem.widest_swizzle(dtype, en, cols) is None:
-    return _round_up(cols, smem.swizzle_span(dtype, 32))
+    return round_up(cols, smem.swizzle_span(dtype, 32))
   return cols
 
 
@@ -368,7 +345,7 @@ def _interpret_config(config, problem):
   return config
 
 
-def _usable(config, problem):
+def usable_config(config, problem):
   """`config` if it is valid for `problem`, else None (the default config then).
 
   The tuning cache's key leaves out some epilogue extras (row bias, residual,
@@ -393,7 +370,7 @@ def _k_major(a, b, problem):
   return a, b, dataclasses.replace(problem, transpose_a=False, transpose_b=True)
 
 
-def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
+def kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
                    row_bias=None, residual=None, *, scalars=None, row_scale=None, col_scale=None,
                    amax=False, return_pre=False):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
@@ -431,7 +408,7 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
     if residual is not None and residual.ndim > 2:
       residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
-    config = _usable(resolve_config(problem, spec.activation, operands=(a, b), tune=autotune),
+    config = usable_config(resolve_config(problem, spec.activation, operands=(a, b), tune=autotune),
                      problem)
   if interpret:
     config = _interpret_config(config, problem)
@@ -447,19 +424,19 @@ def _kernel_matmul(a, b, problem, batch_shape, spec, bias, c, config, interpret,
   a, b = _tma_layout(a, b, problem, config, interpret)
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
-    c = _pad_last2(c.astype(problem.out_dtype), rows, cols)
-  bias_cols = _round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
-  bias_rows = _round_up(rows, config.tile_m * config.cluster[0])
+    c = pad_last2(c.astype(problem.out_dtype), rows, cols)
+  bias_cols = round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
+  bias_rows = round_up(rows, config.tile_m * config.cluster[0])
   if bias is not None:
-    bias = _pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
+    bias = pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
   if row_bias is not None:
-    row_bias = _pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
+    row_bias = pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
   if row_scale is not None:
-    row_scale = _pad_last2(row_scale.astype(jnp.float32)[None], 1, bias_rows)[0]
+    row_scale = pad_last2(row_scale.astype(jnp.float32)[None], 1, bias_rows)[0]
   if col_scale is not None:
-    col_scale = _pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
+    col_scale = pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
   if residual is not None:
-    residual = _pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
+    residual = pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
       a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,

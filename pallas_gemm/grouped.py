@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import smem
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
-from pallas_gemm.matmul import (IMPLEMENTATIONS, INTERPRET_NUM_SMS, _pad_last2, _round_up,
-                                _tma_operand_cols, _tma_rows)
+from pallas_gemm.gemm import IMPLEMENTATIONS, INTERPRET_NUM_SMS
+from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
 from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, default_ragged_config,
                                      ragged_gemm)
 from pallas_gemm.ragged_tgmm import TgmmProblem, default_tgmm_config, ragged_tgmm
@@ -121,26 +121,26 @@ def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
   if interpret:
     # A row box starts at any row below round_up(m, tm): one more box of rows keeps
     # every box inside the array (the interpreter rejects out-of-bounds loads).
-    lhs = _pad_last2(lhs, _round_up(m, tm) + tm, _round_up(k, tk))
+    lhs = pad_last2(lhs, round_up(m, tm) + tm, round_up(k, tk))
     if transpose_rhs:
-      rhs = _pad_last2(rhs, _round_up(n, tn), _round_up(k, tk))
+      rhs = pad_last2(rhs, round_up(n, tn), round_up(k, tk))
     else:
-      rhs = _pad_last2(rhs, _round_up(k, tk), _round_up(n, tn))
-    return lhs, rhs, _round_up(m, tm), _round_up(n, tn)
+      rhs = pad_last2(rhs, round_up(k, tk), round_up(n, tn))
+    return lhs, rhs, round_up(m, tm), round_up(n, tn)
   dtype = lhs.dtype
   common = smem.widest_swizzle(dtype, tk, lhs.shape[-1], rhs.shape[-1])
   if common is not None and common >= 64:
     lhs_cols, rhs_cols = lhs.shape[-1], rhs.shape[-1]
   else:
-    lhs_cols, rhs_cols = _tma_operand_cols(lhs.shape[-1], dtype), _tma_operand_cols(rhs.shape[-1], dtype)
-  lhs = _pad_last2(lhs, _tma_rows(m), lhs_cols)
-  rhs = _pad_last2(rhs, _tma_rows(rhs.shape[-2]), rhs_cols)
+    lhs_cols, rhs_cols = tma_operand_cols(lhs.shape[-1], dtype), tma_operand_cols(rhs.shape[-1], dtype)
+  lhs = pad_last2(lhs, tma_rows(m), lhs_cols)
+  rhs = pad_last2(rhs, tma_rows(rhs.shape[-2]), rhs_cols)
   # Output columns: a whole number of boundary staging chunks, because Mosaic
   # tiles the unswizzled staging buffer (64, sn) by its full width, and a TMA
   # store from it needs the GMEM minor extent to be a multiple of that tile.
   sn = config.stage_cols(out_dtype)
-  cols = n if n % sn == 0 else _round_up(n, sn)
-  return lhs, rhs, _tma_rows(m), cols
+  cols = n if n % sn == 0 else round_up(n, sn)
+  return lhs, rhs, tma_rows(m), cols
 
 
 def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
@@ -176,11 +176,11 @@ def _run_tgmm(x, y, group_sizes, out_dtype, interpret):
   config = default_tgmm_config(problem)
   if interpret:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)
-    rows = _round_up(m, config.tile_r)
-    p_cols, q_cols = _round_up(p, config.tile_p), _round_up(q, config.tile_q)
+    rows = round_up(m, config.tile_r)
+    p_cols, q_cols = round_up(p, config.tile_p), round_up(q, config.tile_q)
   else:
-    rows, p_cols, q_cols = _tma_rows(m), _round_up(p, 64), _round_up(q, 64)
-  x, y = _pad_last2(x, rows, p_cols), _pad_last2(y, rows, q_cols)
+    rows, p_cols, q_cols = tma_rows(m), round_up(p, 64), round_up(q, 64)
+  x, y = pad_last2(x, rows, p_cols), pad_last2(y, rows, q_cols)
   out = ragged_tgmm(x, y, group_sizes, problem=dataclasses.replace(problem, p=p_cols, q=q_cols),
                     config=config,
                     interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
