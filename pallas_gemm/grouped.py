@@ -36,9 +36,9 @@ from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, default_ragged
 from pallas_gemm.ragged_tgmm import TgmmProblem, default_tgmm_config, ragged_tgmm
 
 
-def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
-               transpose_rhs: bool = False, config: RaggedConfig | None = None,
-               implementation: str | None = None):
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+               group_offset=None, out_sharding=None, *, transpose_rhs: bool = False,
+               config: RaggedConfig | None = None, implementation: str | None = None):
   """Grouped matrix product: `out[r] = lhs[r] @ rhs[g(r)]`, f32 accumulation.
 
   Args:
@@ -50,6 +50,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       exactly and accumulates in f32, so it ignores it.
     preferred_element_type: output dtype (bf16, f16 or f32 for the kernel);
       None means lhs's dtype, as in lax.
+    group_offset: must be None: lax's `ragged_dot` takes it and raises
+      NotImplementedError for any other value, and so does this function.
+    out_sharding: the result is resharded to it (as `dot_general` does).
     transpose_rhs: rhs is stored (G, N, K).
     config: a `RaggedConfig`, or None for `default_ragged_config`.
     implementation: None (the kernel on a Hopper GPU when the dtypes are ones
@@ -61,6 +64,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if group_offset is not None:
+    raise NotImplementedError("group_offset: only None is supported (as in jax.lax.ragged_dot, "
+                              "whose implementations all refuse it)")
   if config is not None and not isinstance(config, RaggedConfig):
     raise TypeError(f"config must be a RaggedConfig or None, got {type(config).__name__}")
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
@@ -72,7 +78,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     implementation = "pallas" if kernel_dtypes and _compat.on_hopper() else "xla"
   if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
     return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
-                           transpose_rhs)
+                           transpose_rhs, out_sharding)
   if lhs.dtype != rhs.dtype:
     raise TypeError(f"lhs and rhs must have the same dtype for the kernel, got {lhs.dtype} and {rhs.dtype}")
   if lhs.dtype.name not in INPUT_DTYPES:
@@ -80,8 +86,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                     "(use implementation='xla')")
   if out_dtype.name not in OUTPUT_DTYPES:
     raise TypeError(f"preferred_element_type must be one of {OUTPUT_DTYPES} for the kernel, got {out_dtype}")
-  return _ragged_dot_vjp(lhs, rhs, group_sizes.astype(jnp.int32), bool(transpose_rhs),
-                         out_dtype.name, config, implementation == "interpret")
+  out = _ragged_dot_vjp(lhs, rhs, group_sizes.astype(jnp.int32), bool(transpose_rhs),
+                        out_dtype.name, config, implementation == "interpret")
+  return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
 
 def _check(lhs, rhs, group_sizes, transpose_rhs):
@@ -101,11 +108,12 @@ def _check(lhs, rhs, group_sizes, transpose_rhs):
                      f"{rhs.shape} has K={k_rhs} (transpose_rhs={transpose_rhs})")
 
 
-def _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs):
+def _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs,
+                    out_sharding=None):
   if transpose_rhs:
     rhs = jnp.swapaxes(rhs, 1, 2)
   return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision,
-                        preferred_element_type=preferred_element_type)
+                        preferred_element_type=preferred_element_type, out_sharding=out_sharding)
 
 
 # -- kernel path --------------------------------------------------------------

@@ -243,6 +243,12 @@ def _box_base(start):
   return lax.div(start, BOX_ROW_ALIGN) * BOX_ROW_ALIGN
 
 
+def _clipped(size, room):
+  """A group's size in [0, room]: clipped before it is added to a row offset, so that
+  sizes near 2^31 cannot overflow int32 (offsets stay <= M)."""
+  return jnp.minimum(jnp.maximum(size, 0), room)
+
+
 def _item_decoder(sizes_gmem, p: _Plan):
   """Returns decode(w) -> the w-th work item: groups in order, each cut into
   tile_m-row boxes from its first row (rounded down to `BOX_ROW_ALIGN`), then
@@ -274,7 +280,7 @@ def _item_decoder(sizes_gmem, p: _Plan):
     for i in range(prob.groups + 1):  # the last one is the tail
       start = end
       if i < prob.groups:
-        end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
+        end = start + _clipped(sizes_gmem[i], prob.m - start)
       else:
         end = jnp.int32(prob.rows)
       span = span_of(start, end)
@@ -292,7 +298,7 @@ def _item_decoder(sizes_gmem, p: _Plan):
     def body(i, carry):
       end, count, item = carry
       start = end
-      end = jnp.minimum(start + jnp.maximum(sizes_gmem[i], 0), prob.m)
+      end = start + _clipped(sizes_gmem[i], prob.m - start)
       span = span_of(start, end)
       return end, count + span, visit(w, i, start, end, span, count, item)
 

@@ -99,8 +99,8 @@ def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
 
 def _group_rows(sizes_gmem, g, problem: TgmmProblem):
   """[start, end) rows of group g (sizes clamped to >= 0, ends cut at m)."""
-  def body(i, start):
-    return start + jnp.where(i < g, jnp.maximum(sizes_gmem[i], 0), 0)
+  def body(i, start):  # sizes clipped before adding: offsets stay <= m, no int32 overflow
+    return start + jnp.where(i < g, jnp.minimum(jnp.maximum(sizes_gmem[i], 0), problem.m - start), 0)
 
   start = jnp.int32(0)
   if problem.groups <= UNROLL_GROUPS:
@@ -108,8 +108,8 @@ def _group_rows(sizes_gmem, g, problem: TgmmProblem):
       start = body(i, start)
   else:
     start = lax.fori_loop(0, problem.groups, body, start)
-  size = jnp.maximum(sizes_gmem[g], 0)
-  return jnp.minimum(start, problem.m), jnp.minimum(start + size, problem.m)
+  size = jnp.minimum(jnp.maximum(sizes_gmem[g], 0), problem.m - start)
+  return start, start + size
 
 
 def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, out_swizzle):

@@ -179,5 +179,10 @@ def parse_flags(argv):
   return flags.FLAGS([argv[0]] + [underscored(arg) for arg in argv[1:]])
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The `pallas-gemm-tune` console script."""
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -16,3 +16,17 @@ def test_version_is_the_projects():
 def test_apache_license_ships_with_the_source():
   assert "Apache License" in (ROOT / "LICENSE").read_text()
   assert 'license = {text = "Apache-2.0"}' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_console_script_and_extras_and_no_benchmarks_package():
+  import tomllib
+
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  assert project["project"]["scripts"]["pallas-gemm-tune"] == "pallas_gemm.tune:run"
+  from pallas_gemm import tune
+  assert callable(tune.run)
+  extras = project["project"]["optional-dependencies"]
+  assert extras["cuda12"] == ["jax[cuda12]"] and extras["cuda13"] == ["jax[cuda13]"]
+  # The harness runs from the source tree: a top-level `benchmarks` would shadow PyPI's.
+  assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["layouts*", "pallas_gemm*"]
+  assert "recursive-include examples" in (ROOT / "MANIFEST.in").read_text()

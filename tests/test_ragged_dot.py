@@ -363,3 +363,30 @@ def test_device_checks():
   from benchmarks import ragged_dot as bench
 
   assert bench.check()
+
+
+# -- lax's signature; sizes near 2^31 ----------------------------------------------
+def test_group_offset_is_refused_as_lax_refuses_it():
+  rng = np.random.default_rng(8)
+  lhs, rhs = _random(rng, (16, 8)), _random(rng, (2, 8, 4))
+  sizes = jnp.asarray([10, 6], jnp.int32)
+  with pytest.raises(NotImplementedError, match="group_offset"):
+    ragged_dot(lhs, rhs, sizes, group_offset=jnp.zeros((1,), jnp.int32), implementation="xla")
+
+
+@needs_transposes
+def test_interpret_group_sizes_near_int32_max():
+  """A size of 2^31 - 1 after 100 rows: offsets are clipped before they are added, so
+  the forward writes every row and the backward's row ranges end (no int32 wrap)."""
+  rng = np.random.default_rng(9)
+  m, k, n = 256, 64, 128
+  huge = np.iinfo(np.int32).max
+  sizes = jnp.asarray([100, huge, huge], jnp.int32)
+  clipped = jnp.asarray([100, m - 100, 0], jnp.int32)
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (3, k, n))
+  out = ragged_dot(lhs, rhs, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))
+  _check(out, _reference(lhs, rhs, clipped, False))
+  x, y = _random(rng, (m, 128)), _random(rng, (m, 128))
+  grads = _run_tgmm(x, y, sizes, "bfloat16", interpret=True)
+  want = _run_tgmm(x, y, clipped, "bfloat16", interpret=True)
+  np.testing.assert_array_equal(np.asarray(grads, np.float32), np.asarray(want, np.float32))

@@ -130,6 +130,22 @@ def test_out_sharding_is_honoured():
 
 
 @needs_devices
+def test_ragged_dot_out_sharding_is_honoured():
+  from pallas_gemm import ragged_dot
+
+  mesh = _mesh()
+  sizes = jnp.asarray([10, 6], jnp.int32)
+  lhs, rhs = _normal((16, 64)), _normal((2, 64, 32), seed=1)
+  ref = jax.lax.ragged_dot(lhs, rhs, sizes)
+  with jax.set_mesh(mesh):
+    y = jax.jit(lambda a, b, s: ragged_dot(a, b, s, out_sharding=P(None, "model"),
+                                           implementation="xla"))(
+        lhs, rhs, sizes)
+  assert y.sharding.spec == P(None, "model")
+  assert _rel_err(np.asarray(y, np.float32), np.asarray(ref, np.float32)) < 1e-2
+
+
+@needs_devices
 def test_auto_mesh_named_sharding_under_jit():
   mesh = _mesh(AxisType.Auto)
   x, w = _normal((16, 64)), _normal((64, 32), seed=1)
