@@ -22,8 +22,15 @@ import sys
 import time
 
 
-def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_dir: str | None,
-              max_shapes: int | None = None) -> dict:
+def calibrate(
+    sweep: str,
+    *,
+    rounds: int,
+    iterations: int,
+    budget_s: float,
+    out_dir: str | None,
+    max_shapes: int | None = None,
+) -> dict:
   from benchmarks import matmul as harness
   from pallas_gemm import shapes as shapes_lib
   from pallas_gemm import heuristics
@@ -61,14 +68,23 @@ def calibrate(sweep: str, *, rounds: int, iterations: int, budget_s: float, out_
       else:
         row["ms"] = statistics.median(times[config])
       rows.append(row)
-    entry = dict(label=shape.label, name=shape.name, problem=dataclasses.asdict(problem),
-                 activation=activation, xla_ms=statistics.median(xla_times), configs=rows)
+    entry = dict(
+        label=shape.label,
+        name=shape.name,
+        problem=dataclasses.asdict(problem),
+        activation=activation,
+        xla_ms=statistics.median(xla_times),
+        configs=rows,
+    )
     results["shapes"].append(entry)
     best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"], default=None)
-    print(f"{shape.label:40s} xla {entry['xla_ms'] * 1e3:9.1f} us  best "
-          f"{best['ms'] * 1e3 if best else float('nan'):9.1f} us  "
-          f"{heuristics.describe(best['config']) if best else '-'}  "
-          f"({len(configs)} configs, {len(errors)} failed)", flush=True)
+    print(
+        f"{shape.label:40s} xla {entry['xla_ms'] * 1e3:9.1f} us  best "
+        f"{best['ms'] * 1e3 if best else float('nan'):9.1f} us  "
+        f"{heuristics.describe(best['config']) if best else '-'}  "
+        f"({len(configs)} configs, {len(errors)} failed)",
+        flush=True,
+    )
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"calibrate_{sweep}.json"), "w", encoding="utf-8") as f:
@@ -91,8 +107,11 @@ def check_defaults(sweeps, bound: float = 8e-3) -> int:
       err = CuptiTimer(problem, activation, iterations=1).verify(config)
       ok = err <= bound
       failures += not ok
-      print(f"{'PASS' if ok else 'FAIL'} {shape.label:40s} rel_err {err:.2e}  "
-            f"{heuristics.describe(heuristics.config_fields(config))}", flush=True)
+      print(
+          f"{'PASS' if ok else 'FAIL'} {shape.label:40s} rel_err {err:.2e}  "
+          f"{heuristics.describe(heuristics.config_fields(config))}",
+          flush=True,
+      )
   print(f"defaults checked: {failures} failed")
   return failures
 
@@ -105,10 +124,17 @@ def main(argv=None) -> int:
   parser.add_argument("--budget-s", type=float, default=400.0)
   parser.add_argument("--max-shapes", type=int, default=None)
   parser.add_argument("--out", default=os.environ.get("OUT"))
-  parser.add_argument("--check", default=None,
-                      help="comma list of sweeps: check each shape's default config against XLA")
-  parser.add_argument("--fit", nargs="*", default=None,
-                      help="calibration JSON files: fit the time model to them and print the fit")
+  parser.add_argument(
+      "--check",
+      default=None,
+      help="comma list of sweeps: check each shape's default config against XLA",
+  )
+  parser.add_argument(
+      "--fit",
+      nargs="*",
+      default=None,
+      help="calibration JSON files: fit the time model to them and print the fit",
+  )
   args = parser.parse_args(argv)
   if args.fit is not None:
     from pallas_gemm import heuristics
@@ -122,8 +148,14 @@ def main(argv=None) -> int:
     return 2
   if args.check:
     return 1 if check_defaults(args.check.split(",")) else 0
-  calibrate(args.sweep, rounds=args.rounds, iterations=args.iterations, budget_s=args.budget_s,
-            out_dir=args.out, max_shapes=args.max_shapes)
+  calibrate(
+      args.sweep,
+      rounds=args.rounds,
+      iterations=args.iterations,
+      budget_s=args.budget_s,
+      out_dir=args.out,
+      max_shapes=args.max_shapes,
+  )
   return 0
 
 

@@ -31,8 +31,13 @@ from benchmarks import matmul as harness
 from pallas_gemm import GemmConfig, matmul
 from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (return_pre)
 
-BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-4,
-          "float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
+BOUNDS = {
+    "bfloat16": 8e-3,
+    "float16": 1.5e-3,
+    "float32": 1e-4,
+    "float8_e4m3fn": 5e-2,
+    "float8_e5m2": 1e-1,
+}
 """Relative-error bounds by output dtype (bf16 rounding alone gives ~2e-3; fp8
 rounding ~2^-4 for e4m3, ~2^-3 for e5m2)."""
 
@@ -75,21 +80,43 @@ def checks() -> list[Check]:
         m, n, k = 1000, 1016, 1000
         a_shape = (k, m) if ta else (m, k)
         b_shape = (n, k) if tb else (k, n)
-        checks.append(Check(f"{'T' if ta else 'N'}{'T' if tb else 'N'} {dtype} 1000x1016x1000",
-                            a_shape, b_shape, dict(transpose_a=ta, transpose_b=tb), dtype))
+        checks.append(
+            Check(
+                f"{'T' if ta else 'N'}{'T' if tb else 'N'} {dtype} 1000x1016x1000",
+                a_shape,
+                b_shape,
+                dict(transpose_a=ta, transpose_b=tb),
+                dtype,
+            )
+        )
   # Aligned and 64-byte-swizzle shapes, each schedule.
-  for name, cfg in (("coop-m", None), ("coop-n", coop_n), ("pingpong", ping),
-                    ("cluster21", GemmConfig(cluster=(2, 1))),
-                    ("cluster12", GemmConfig(cluster=(1, 2))),
-                    ("ping-cluster21", dataclasses.replace(ping, cluster=(2, 1))),
-                    ("whole-epi", GemmConfig(stages=3, epilogue_tile=None)),
-                    ("along_m", GemmConfig(raster="along_m", group=4))):
+  for name, cfg in (
+      ("coop-m", None),
+      ("coop-n", coop_n),
+      ("pingpong", ping),
+      ("cluster21", GemmConfig(cluster=(2, 1))),
+      ("cluster12", GemmConfig(cluster=(1, 2))),
+      ("ping-cluster21", dataclasses.replace(ping, cluster=(2, 1))),
+      ("whole-epi", GemmConfig(stages=3, epilogue_tile=None)),
+      ("along_m", GemmConfig(raster="along_m", group=4)),
+  ):
     checks.append(Check(f"NN {name} 1024x2048x512", (1024, 512), (512, 2048), dict(config=cfg)))
-    checks.append(Check(f"TT {name} 520x1000x1056", (1056, 520), (1000, 1056),
-                        dict(transpose_a=True, transpose_b=True,
-                             config=None if cfg is None else (
-                                 dataclasses.replace(cfg, wg_split="n")
-                                 if cfg.schedule == "cooperative" else cfg))))
+    checks.append(
+        Check(
+            f"TT {name} 520x1000x1056",
+            (1056, 520),
+            (1000, 1056),
+            dict(
+                transpose_a=True,
+                transpose_b=True,
+                config=None
+                if cfg is None
+                else (
+                    dataclasses.replace(cfg, wg_split="n") if cfg.schedule == "cooperative" else cfg
+                ),
+            ),
+        )
+    )
   # Stream-K (the last wave split over all SMs at K-step granularity, reduced in the kernel):
   # one contributor per tile, two (fewer tiles than SMs), single-step ranges and idle SMs.
   sk = GemmConfig(stream_k=True)
@@ -98,16 +125,38 @@ def checks() -> list[Check]:
       Check("NN streamk cluster21 4096x8192x4096", (4096, 4096), (4096, 8192), dict(config=sk21)),
       Check("NN streamk cluster21 2048x2048x2048", (2048, 2048), (2048, 2048), dict(config=sk21)),
       Check("NN streamk 2048x2048x128 one-step ranges", (2048, 128), (128, 2048), dict(config=sk)),
-      Check("NN streamk bias+gelu 1000x1016x1000", (1000, 1000), (1000, 1016),
-            dict(bias=True, activation="gelu_tanh", config=sk)),
-      Check("TT streamk batch3 300x264x200", (3, 200, 300), (3, 264, 200),
-            dict(transpose_a=True, transpose_b=True, config=sk_n)),
-      Check("NT streamk f32 out c+rowbias+residual 1000x1016x1000", (1000, 1000), (1016, 1000),
-            dict(transpose_b=True, out_dtype="float32", beta=0.5, row_bias=True,
-                 residual="bfloat16", config=dataclasses.replace(sk, stages=2, epilogue_tile=(64, 32))),
-            c_shape=(1000, 1016)),
-      Check("NT streamk return_pre bias+gelu 1000x1016x520", (1000, 520), (1016, 520),
-            dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True, config=sk)),
+      Check(
+          "NN streamk bias+gelu 1000x1016x1000",
+          (1000, 1000),
+          (1000, 1016),
+          dict(bias=True, activation="gelu_tanh", config=sk),
+      ),
+      Check(
+          "TT streamk batch3 300x264x200",
+          (3, 200, 300),
+          (3, 264, 200),
+          dict(transpose_a=True, transpose_b=True, config=sk_n),
+      ),
+      Check(
+          "NT streamk f32 out c+rowbias+residual 1000x1016x1000",
+          (1000, 1000),
+          (1016, 1000),
+          dict(
+              transpose_b=True,
+              out_dtype="float32",
+              beta=0.5,
+              row_bias=True,
+              residual="bfloat16",
+              config=dataclasses.replace(sk, stages=2, epilogue_tile=(64, 32)),
+          ),
+          c_shape=(1000, 1016),
+      ),
+      Check(
+          "NT streamk return_pre bias+gelu 1000x1016x520",
+          (1000, 520),
+          (1016, 520),
+          dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True, config=sk),
+      ),
       Check("NN streamk cluster21 8192x8192x8192", (8192, 8192), (8192, 8192), dict(config=sk21)),
   ]
   # Tiny and degenerate shapes (every operand padded), batched and broadcast operands.
@@ -121,73 +170,203 @@ def checks() -> list[Check]:
       Check("NT 256x64x512", (256, 512), (64, 512), dict(transpose_b=True)),
       Check("TT 64x64x64", (64, 64), (64, 64), dict(transpose_a=True, transpose_b=True)),
       Check("NN batch3 300x264x200", (3, 300, 200), (3, 200, 264)),
-      Check("TT batch3 300x264x200", (3, 200, 300), (3, 264, 200),
-            dict(transpose_a=True, transpose_b=True)),
+      Check(
+          "TT batch3 300x264x200",
+          (3, 200, 300),
+          (3, 264, 200),
+          dict(transpose_a=True, transpose_b=True),
+      ),
       Check("NN a-batched b-2D 2x3x100x200x64", (2, 3, 100, 64), (64, 200)),
       Check("TN a-batched b-2D 3x100x200x64", (3, 64, 100), (64, 200), dict(transpose_a=True)),
   ]
   # Epilogues.
   for act in ("relu", "gelu_tanh", "gelu_exact", "silu", "sigmoid"):
-    checks.append(Check(f"NN bias+{act} 1000x1016x1000", (1000, 1000), (1000, 1016),
-                        dict(bias=True, activation=act)))
+    checks.append(
+        Check(
+            f"NN bias+{act} 1000x1016x1000",
+            (1000, 1000),
+            (1000, 1016),
+            dict(bias=True, activation=act),
+        )
+    )
   checks += [
-      Check("NN alpha,beta*c+bias+gelu 1000x1016x1000", (1000, 1000), (1000, 1016),
-            dict(bias=True, activation="gelu_tanh", alpha=0.5, beta=-1.5), c_shape=(1000, 1016)),
-      Check("NT f32 out alpha*ab+beta*c 1000x1016x1000", (1000, 1000), (1016, 1000),
-            dict(transpose_b=True, out_dtype="float32", alpha=2.0, beta=0.25), c_shape=(1000, 1016)),
+      Check(
+          "NN alpha,beta*c+bias+gelu 1000x1016x1000",
+          (1000, 1000),
+          (1000, 1016),
+          dict(bias=True, activation="gelu_tanh", alpha=0.5, beta=-1.5),
+          c_shape=(1000, 1016),
+      ),
+      Check(
+          "NT f32 out alpha*ab+beta*c 1000x1016x1000",
+          (1000, 1000),
+          (1016, 1000),
+          dict(transpose_b=True, out_dtype="float32", alpha=2.0, beta=0.25),
+          c_shape=(1000, 1016),
+      ),
       Check("NN f32 out 4000x8000x4000", (4000, 4000), (4000, 8000), dict(out_dtype="float32")),
       Check("NN 4000x8000x4000", (4000, 4000), (4000, 8000)),
       Check("NN 4096x8192x4096", (4096, 4096), (4096, 8192)),
-      Check("NN batch2 f16 c(2D) 512x768x640", (2, 512, 640), (2, 640, 768),
-            dict(beta=1.0), dtype="float16", c_shape=(512, 768)),
+      Check(
+          "NN batch2 f16 c(2D) 512x768x640",
+          (2, 512, 640),
+          (2, 640, 768),
+          dict(beta=1.0),
+          dtype="float16",
+          c_shape=(512, 768),
+      ),
   ]
   # fp8 and tf32 operands: K-major (NT) natively, other layouts through an XLA transpose.
   for dtype in ("float8_e4m3fn", "float8_e5m2", "float32"):
     checks += [
-        Check(f"NT {dtype} 1000x1016x1024", (1000, 1024), (1016, 1024),
-              dict(transpose_b=True), dtype=dtype),
+        Check(
+            f"NT {dtype} 1000x1016x1024",
+            (1000, 1024),
+            (1016, 1024),
+            dict(transpose_b=True),
+            dtype=dtype,
+        ),
         Check(f"NN {dtype} 1000x1016x1000", (1000, 1000), (1000, 1016), dtype=dtype),
-        Check(f"TT {dtype} 520x1000x1056", (1056, 520), (1000, 1056),
-              dict(transpose_a=True, transpose_b=True), dtype=dtype),
+        Check(
+            f"TT {dtype} 520x1000x1056",
+            (1056, 520),
+            (1000, 1056),
+            dict(transpose_a=True, transpose_b=True),
+            dtype=dtype,
+        ),
     ]
   checks += [
-      Check("NT e4m3xe5m2 1000x1016x1024", (1000, 1024), (1016, 1024), dict(transpose_b=True),
-            dtype="float8_e4m3fn", b_dtype="float8_e5m2"),
-      Check("NT e4m3 out e4m3 scale0.25 1000x1016x1024", (1000, 1024), (1016, 1024),
-            dict(transpose_b=True, out_dtype="float8_e4m3fn", out_scale=0.25), dtype="float8_e4m3fn"),
-      Check("NT e4m3 out e5m2 bias+relu 1000x1016x1024", (1000, 1024), (1016, 1024),
-            dict(transpose_b=True, out_dtype="float8_e5m2", bias=True, activation="relu",
-                 out_scale=4.0), dtype="float8_e4m3fn"),
-      Check("NN bf16 out e4m3 scale 1000x1016x1000", (1000, 1000), (1000, 1016),
-            dict(out_dtype="float8_e4m3fn", out_scale=0.5)),
-      Check("NT e4m3 f32 out 8192x8192x8192", (8192, 8192), (8192, 8192),
-            dict(transpose_b=True, out_dtype="float32"), dtype="float8_e4m3fn"),
-      Check("NT e4m3 8192x8192x8192", (8192, 8192), (8192, 8192),
-            dict(transpose_b=True), dtype="float8_e4m3fn"),
-      Check("NT f32 4096x8192x4096", (4096, 4096), (8192, 4096),
-            dict(transpose_b=True), dtype="float32"),
+      Check(
+          "NT e4m3xe5m2 1000x1016x1024",
+          (1000, 1024),
+          (1016, 1024),
+          dict(transpose_b=True),
+          dtype="float8_e4m3fn",
+          b_dtype="float8_e5m2",
+      ),
+      Check(
+          "NT e4m3 out e4m3 scale0.25 1000x1016x1024",
+          (1000, 1024),
+          (1016, 1024),
+          dict(transpose_b=True, out_dtype="float8_e4m3fn", out_scale=0.25),
+          dtype="float8_e4m3fn",
+      ),
+      Check(
+          "NT e4m3 out e5m2 bias+relu 1000x1016x1024",
+          (1000, 1024),
+          (1016, 1024),
+          dict(
+              transpose_b=True, out_dtype="float8_e5m2", bias=True, activation="relu", out_scale=4.0
+          ),
+          dtype="float8_e4m3fn",
+      ),
+      Check(
+          "NN bf16 out e4m3 scale 1000x1016x1000",
+          (1000, 1000),
+          (1000, 1016),
+          dict(out_dtype="float8_e4m3fn", out_scale=0.5),
+      ),
+      Check(
+          "NT e4m3 f32 out 8192x8192x8192",
+          (8192, 8192),
+          (8192, 8192),
+          dict(transpose_b=True, out_dtype="float32"),
+          dtype="float8_e4m3fn",
+      ),
+      Check(
+          "NT e4m3 8192x8192x8192",
+          (8192, 8192),
+          (8192, 8192),
+          dict(transpose_b=True),
+          dtype="float8_e4m3fn",
+      ),
+      Check(
+          "NT f32 4096x8192x4096",
+          (4096, 4096),
+          (8192, 4096),
+          dict(transpose_b=True),
+          dtype="float32",
+      ),
       # Epilogue extras: row bias, residual after the activation, clamp.
-      Check("NN rowbias+bias+gelu+residual+clamp 1000x1016x1000", (1000, 1000), (1000, 1016),
-            dict(bias=True, row_bias=True, residual="bfloat16", activation="gelu_tanh",
-                 clamp=(-0.5, 2.0))),
-      Check("TT f32 out c+rowbias+residual(f32)+clamp 520x1000x1056", (1056, 520), (1000, 1056),
-            dict(transpose_a=True, transpose_b=True, out_dtype="float32", alpha=0.5, beta=2.0,
-                 row_bias=True, residual="float32", clamp=(None, 1.5)), c_shape=(520, 1000)),
-      Check("NN batch3 pingpong rowbias+residual 300x264x200", (3, 300, 200), (3, 200, 264),
-            dict(row_bias=True, residual="bfloat16", clamp=(-1.0, None),
-                 config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4))),
-      Check("NN a-batched cluster21 rowbias+residual 2x3x100x200x64", (2, 3, 100, 64), (64, 200),
-            dict(row_bias=True, residual="float32", config=GemmConfig(cluster=(2, 1), stages=2))),
-      Check("NT e4m3 rowbias+residual+silu+clamp 1000x1016x1024", (1000, 1024), (1016, 1024),
-            dict(transpose_b=True, row_bias=True, residual="bfloat16", activation="silu",
-                 clamp=(-3.0, 3.0)), dtype="float8_e4m3fn"),
+      Check(
+          "NN rowbias+bias+gelu+residual+clamp 1000x1016x1000",
+          (1000, 1000),
+          (1000, 1016),
+          dict(
+              bias=True,
+              row_bias=True,
+              residual="bfloat16",
+              activation="gelu_tanh",
+              clamp=(-0.5, 2.0),
+          ),
+      ),
+      Check(
+          "TT f32 out c+rowbias+residual(f32)+clamp 520x1000x1056",
+          (1056, 520),
+          (1000, 1056),
+          dict(
+              transpose_a=True,
+              transpose_b=True,
+              out_dtype="float32",
+              alpha=0.5,
+              beta=2.0,
+              row_bias=True,
+              residual="float32",
+              clamp=(None, 1.5),
+          ),
+          c_shape=(520, 1000),
+      ),
+      Check(
+          "NN batch3 pingpong rowbias+residual 300x264x200",
+          (3, 300, 200),
+          (3, 200, 264),
+          dict(
+              row_bias=True,
+              residual="bfloat16",
+              clamp=(-1.0, None),
+              config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4),
+          ),
+      ),
+      Check(
+          "NN a-batched cluster21 rowbias+residual 2x3x100x200x64",
+          (2, 3, 100, 64),
+          (64, 200),
+          dict(row_bias=True, residual="float32", config=GemmConfig(cluster=(2, 1), stages=2)),
+      ),
+      Check(
+          "NT e4m3 rowbias+residual+silu+clamp 1000x1016x1024",
+          (1000, 1024),
+          (1016, 1024),
+          dict(
+              transpose_b=True,
+              row_bias=True,
+              residual="bfloat16",
+              activation="silu",
+              clamp=(-3.0, 3.0),
+          ),
+          dtype="float8_e4m3fn",
+      ),
       # y and pre from one epilogue (return_pre: what training saves); pre checked too.
-      Check("NT return_pre bias+gelu 1000x1016x520", (1000, 520), (1016, 520),
-            dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True)),
-      Check("TN return_pre rowbias+residual+silu+clamp 520x1000x1056 pingpong", (1056, 520),
-            (1056, 1000), dict(transpose_a=True, row_bias=True, residual="bfloat16",
-                               activation="silu", clamp=(-1.0, 2.0), return_pre=True,
-                               config=GemmConfig(schedule="pingpong", tile_n=128, stages=4))),
+      Check(
+          "NT return_pre bias+gelu 1000x1016x520",
+          (1000, 520),
+          (1016, 520),
+          dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True),
+      ),
+      Check(
+          "TN return_pre rowbias+residual+silu+clamp 520x1000x1056 pingpong",
+          (1056, 520),
+          (1056, 1000),
+          dict(
+              transpose_a=True,
+              row_bias=True,
+              residual="bfloat16",
+              activation="silu",
+              clamp=(-1.0, 2.0),
+              return_pre=True,
+              config=GemmConfig(schedule="pingpong", tile_n=128, stages=4),
+          ),
+      ),
   ]
   return checks + split_k_checks() + shipped_table_checks()
 
@@ -200,24 +379,55 @@ def split_k_checks() -> list[Check]:
   with_split = lambda s, **kw: dataclasses.replace(decode, split_k=s, **kw)
   return [
       Check("NN splitk4 decode 1x4096x4096", (1, 4096), (4096, 4096), dict(config=with_split(4))),
-      Check("NN splitk3 40x136x1000 bias+gelu (2 steps past K)", (40, 1000), (1000, 136),
-            dict(config=with_split(3), bias=True, activation="gelu_tanh")),
-      Check("NT splitk6 64x1024x8192 silu", (64, 8192), (1024, 8192),
-            dict(config=with_split(6), transpose_b=True, activation="silu")),
-      Check("TT splitk8 16x1024x8192", (8192, 16), (1024, 8192),
-            dict(config=with_split(8), transpose_a=True, transpose_b=True)),
-      Check("TN splitk default 128x128x65536 (dW-like)", (65536, 128), (65536, 128),
-            dict(transpose_a=True, out_dtype="float32")),
-      Check("NN splitk4 batch2 c+rowbias+residual f32 out 72x136x700", (2, 72, 700), (2, 700, 136),
-            dict(config=GemmConfig(tile_n=128, split_k=4, epilogue_tile=(64, 32)), alpha=0.5,
-                 beta=-1.5, row_bias=True, residual="bfloat16", activation="relu",
-                 out_dtype="float32"), c_shape=(72, 136)),
+      Check(
+          "NN splitk3 40x136x1000 bias+gelu (2 steps past K)",
+          (40, 1000),
+          (1000, 136),
+          dict(config=with_split(3), bias=True, activation="gelu_tanh"),
+      ),
+      Check(
+          "NT splitk6 64x1024x8192 silu",
+          (64, 8192),
+          (1024, 8192),
+          dict(config=with_split(6), transpose_b=True, activation="silu"),
+      ),
+      Check(
+          "TT splitk8 16x1024x8192",
+          (8192, 16),
+          (1024, 8192),
+          dict(config=with_split(8), transpose_a=True, transpose_b=True),
+      ),
+      Check(
+          "TN splitk default 128x128x65536 (dW-like)",
+          (65536, 128),
+          (65536, 128),
+          dict(transpose_a=True, out_dtype="float32"),
+      ),
+      Check(
+          "NN splitk4 batch2 c+rowbias+residual f32 out 72x136x700",
+          (2, 72, 700),
+          (2, 700, 136),
+          dict(
+              config=GemmConfig(tile_n=128, split_k=4, epilogue_tile=(64, 32)),
+              alpha=0.5,
+              beta=-1.5,
+              row_bias=True,
+              residual="bfloat16",
+              activation="relu",
+              out_dtype="float32",
+          ),
+          c_shape=(72, 136),
+      ),
       Check("NN splitk default cluster21 256x512x32768", (256, 32768), (32768, 512)),
       Check("NN splitk default decode 16x1024x8192", (16, 8192), (8192, 1024)),
       Check("NN splitk default 64x4096x4096", (64, 4096), (4096, 4096)),
-      Check("NT e4m3 splitk4 64x1024x8192", (64, 8192), (1024, 8192),
-            dict(transpose_b=True, config=with_split(4, tile_k=128, stages=4)),
-            dtype="float8_e4m3fn"),
+      Check(
+          "NT e4m3 splitk4 64x1024x8192",
+          (64, 8192),
+          (1024, 8192),
+          dict(transpose_b=True, config=with_split(4, tile_k=128, stages=4)),
+          dtype="float8_e4m3fn",
+      ),
   ]
 
 
@@ -232,11 +442,19 @@ def shipped_table_checks() -> list[Check]:
   for record in tuning_cache.TuningCache(tuning_cache.PACKAGED_PATH).records().values():
     p = record.key.problem
     assert not (p.transpose_a or p.transpose_b or p.has_bias or p.has_c or p.batch > 1), p
-    smallest = next(m for m in range(1, p.m + 1)
-                    if p.m <= max(16, tuning_cache.PACKAGED_M_REACH * m))
+    smallest = next(
+        m for m in range(1, p.m + 1) if p.m <= max(16, tuning_cache.PACKAGED_M_REACH * m)
+    )
     for m in sorted({smallest, p.m}):
-      found.append(Check(f"NN shipped {m}x{p.n}x{p.k} (tuned at M={p.m})", (m, p.k), (p.k, p.n),
-                         dict(config=record.config), dtype=p.dtype))
+      found.append(
+          Check(
+              f"NN shipped {m}x{p.n}x{p.k} (tuned at M={p.m})",
+              (m, p.k),
+              (p.k, p.n),
+              dict(config=record.config),
+              dtype=p.dtype,
+          )
+      )
   return found
 
 
@@ -248,14 +466,23 @@ def _poison(nbytes: int):
 
 def _reference(a, b, check: Check, bias, c, row_bias=None, residual=None):
   kw = check.kwargs
-  flops = 2 * np.prod(a.shape[:-2] or (1,)) * a.shape[-1] * a.shape[-2] * (
-      b.shape[-2] if kw.get("transpose_b") else b.shape[-1])
+  flops = (
+      2
+      * np.prod(a.shape[:-2] or (1,))
+      * a.shape[-1]
+      * a.shape[-2]
+      * (b.shape[-2] if kw.get("transpose_b") else b.shape[-1])
+  )
   alpha, beta = kw.get("alpha", 1.0), kw.get("beta", 0.0)
   if flops > 2**31:  # f32 on the GPU: exact products of bf16/f16, f32 sums
-    f = jax.jit(lambda a, b: jnp.matmul(
-        jnp.swapaxes(a, -1, -2) if kw.get("transpose_a") else a,
-        jnp.swapaxes(b, -1, -2) if kw.get("transpose_b") else b,
-        precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32))
+    f = jax.jit(
+        lambda a, b: jnp.matmul(
+            jnp.swapaxes(a, -1, -2) if kw.get("transpose_a") else a,
+            jnp.swapaxes(b, -1, -2) if kw.get("transpose_b") else b,
+            precision=jax.lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
+    )
     acc = np.asarray(f(a.astype(jnp.float32), b.astype(jnp.float32)), np.float64)
   else:
     a64 = np.asarray(a.astype(jnp.float32), np.float64)
@@ -277,6 +504,7 @@ def _reference(a, b, check: Check, bias, c, row_bias=None, residual=None):
     y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
   elif act == "gelu_exact":
     from math import erf
+
     y = 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
   elif act == "silu":
     y = y / (1 + np.exp(-y))
@@ -287,7 +515,9 @@ def _reference(a, b, check: Check, bias, c, row_bias=None, residual=None):
   lo, hi = kw.get("clamp") or (None, None)
   y = y if lo is None else np.maximum(y, lo)
   y = y if hi is None else np.minimum(y, hi)
-  out_dtype = kw.get("out_dtype") or ("bfloat16" if check.dtype.startswith("float8") else check.dtype)
+  out_dtype = kw.get("out_dtype") or (
+      "bfloat16" if check.dtype.startswith("float8") else check.dtype
+  )
   if out_dtype.startswith("float8"):
     fp8_max = float(jnp.finfo(out_dtype).max)
     y = np.clip(y * kw.get("out_scale", 1.0), -fp8_max, fp8_max)
@@ -300,20 +530,30 @@ def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
   b = jax.random.normal(keys[1], check.b_shape, jnp.float32).astype(check.b_dtype or check.dtype)
   kw = dict(check.kwargs)
   out_dtype = kw.get("out_dtype") or (
-      "bfloat16" if check.dtype.startswith("float8") else check.dtype)
+      "bfloat16" if check.dtype.startswith("float8") else check.dtype
+  )
   n = check.b_shape[-2] if kw.get("transpose_b") else check.b_shape[-1]
   m = check.a_shape[-1] if kw.get("transpose_a") else check.a_shape[-2]
   lead = check.a_shape[:-2] or check.b_shape[:-2]
   bias = jax.random.normal(keys[2], (n,), jnp.float32) if kw.pop("bias", False) else None
-  c = (jax.random.normal(keys[3], check.c_shape, jnp.float32).astype(out_dtype)
-       if check.c_shape else None)
+  c = (
+      jax.random.normal(keys[3], check.c_shape, jnp.float32).astype(out_dtype)
+      if check.c_shape
+      else None
+  )
   row_bias = jax.random.normal(keys[4], (m,), jnp.float32) if kw.pop("row_bias", False) else None
   res_dtype = kw.pop("residual", None)
-  residual = (jax.random.normal(keys[5], (*lead, m, n), jnp.float32).astype(res_dtype)
-              if res_dtype else None)
+  residual = (
+      jax.random.normal(keys[5], (*lead, m, n), jnp.float32).astype(res_dtype)
+      if res_dtype
+      else None
+  )
   entry = kernel_matmul if kw.get("return_pre") else matmul  # the public matmul has no pre
-  fn = jax.jit(lambda a, b, bias, c, rb, res: entry(
-      a, b, bias=bias, c=c, row_bias=rb, residual=res, implementation="pallas", **kw))
+  fn = jax.jit(
+      lambda a, b, bias, c, rb, res: entry(
+          a, b, bias=bias, c=c, row_bias=rb, residual=res, implementation="pallas", **kw
+      )
+  )
   args = (a, b, bias, c, row_bias, residual)
   if export_only:  # CPU dry run: lower for CUDA, run nothing
     jax.export.export(fn, platforms=["cuda"])(*args)
@@ -323,30 +563,48 @@ def run_check(check: Check, seed: int, export_only: bool = False) -> dict:
   compile_s = time.time() - t0
   _poison(8 * m * n * int(np.prod(lead or (1,))) + (1 << 20))
   out = fn(*args)
-  ref = _reference(a, b, dataclasses.replace(check, kwargs=dict(check.kwargs)), bias, c,
-                   row_bias, residual)
+  ref = _reference(
+      a, b, dataclasses.replace(check, kwargs=dict(check.kwargs)), bias, c, row_bias, residual
+  )
   if kw.get("return_pre"):  # check pre like an output, y below
     out, pre = out
     affine = {key: v for key, v in check.kwargs.items() if key not in ("activation", "clamp")}
     pre_ref = _reference(a, b, dataclasses.replace(check, kwargs=affine), bias, c, row_bias)
     pre = np.asarray(pre.astype(jnp.float32), np.float64)
-    pre_err = float(np.linalg.norm(np.nan_to_num(pre - pre_ref, nan=1e30))
-                    / max(np.linalg.norm(pre_ref), 1e-30))
+    pre_err = float(
+        np.linalg.norm(np.nan_to_num(pre - pre_ref, nan=1e30)) / max(np.linalg.norm(pre_ref), 1e-30)
+    )
   out = np.asarray(out.astype(jnp.float32), np.float64)
   nan = int(np.isnan(out).sum())
   err = float(np.linalg.norm(np.nan_to_num(out - ref, nan=1e30)) / max(np.linalg.norm(ref), 1e-30))
   limit = bound(out_dtype, check.dtype)
   ok = nan == 0 and err <= limit and out.shape == ref.shape
-  result = dict(name=check.name, ok=bool(ok), rel_err=err, nan=nan, shape=list(out.shape),
-                compile_s=round(compile_s, 2), bound=limit)
+  result = dict(
+      name=check.name,
+      ok=bool(ok),
+      rel_err=err,
+      nan=nan,
+      shape=list(out.shape),
+      compile_s=round(compile_s, 2),
+      bound=limit,
+  )
   if kw.get("return_pre"):
     result.update(pre_rel_err=pre_err, ok=bool(ok and pre_err <= limit))
-  if check.dtype.startswith("float8") and check.b_dtype is None and not kw.get("residual") and (
-      out_dtype == "float32" and len(check.a_shape) == 2):  # XLA's fp8 dot, same inputs
+  if (
+      check.dtype.startswith("float8")
+      and check.b_dtype is None
+      and not kw.get("residual")
+      and (out_dtype == "float32" and len(check.a_shape) == 2)
+  ):  # XLA's fp8 dot, same inputs
     ta, tb = kw.get("transpose_a", False), kw.get("transpose_b", False)
-    xla = jax.jit(lambda a, b: jax.lax.dot_general(
-        a, b, (((0 if ta else 1,), (1 if tb else 0,)), ((), ())),
-        preferred_element_type=jnp.float32))(a, b)
+    xla = jax.jit(
+        lambda a, b: jax.lax.dot_general(
+            a,
+            b,
+            (((0 if ta else 1,), (1 if tb else 0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+    )(a, b)
     xla = np.asarray(xla, np.float64)
     result["xla_rel_err"] = float(np.linalg.norm(xla - ref) / np.linalg.norm(ref))
   return result
@@ -373,16 +631,19 @@ SWEEP = {
     "C2 +cluster12": GemmConfig(cluster=(1, 2)),
     "C3 s3 whole-epi": GemmConfig(stages=3, epilogue_tile=None),
     "C4 pingpong 128x128 s6": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
-    "C5 pingpong cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6,
-                                        cluster=(2, 1)),
+    "C5 pingpong cluster21": GemmConfig(
+        schedule="pingpong", tile_m=128, tile_n=128, stages=6, cluster=(2, 1)
+    ),
     "C6 group16": GemmConfig(group=16),
     "C7 along_m g8": GemmConfig(raster="along_m"),
     "C8 256x128 coop-m": GemmConfig(tile_m=256, tile_n=128),
     "C9 cluster21 group16": GemmConfig(cluster=(2, 1), group=16),
-    "C12 pingpong s4 whole-epi cluster21": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128,
-                                                      stages=4, epilogue_tile=None, cluster=(2, 1)),
-    "C13 pingpong cluster12": GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6,
-                                         cluster=(1, 2)),
+    "C12 pingpong s4 whole-epi cluster21": GemmConfig(
+        schedule="pingpong", tile_m=128, tile_n=128, stages=4, epilogue_tile=None, cluster=(2, 1)
+    ),
+    "C13 pingpong cluster12": GemmConfig(
+        schedule="pingpong", tile_m=128, tile_n=128, stages=6, cluster=(1, 2)
+    ),
     "C10 cluster21 s3 whole-epi": GemmConfig(cluster=(2, 1), stages=3, epilogue_tile=None),
     "C11 cluster21 s3 epi64x128": GemmConfig(cluster=(2, 1), stages=3, epilogue_tile=(64, 128)),
 }
@@ -390,13 +651,15 @@ SWEEP = {
 
 def timing(log, quick: bool, sweep_names=None) -> list[dict]:
   sweep = {k: v for k, v in SWEEP.items() if sweep_names is None or k.split()[0] in sweep_names}
-  shapes = [(4096, 8192, 4096)] if quick else [(4096, 8192, 4096), (8192, 8192, 8192),
-                                               (4096, 4096, 4096)]
+  shapes = (
+      [(4096, 8192, 4096)]
+      if quick
+      else [(4096, 8192, 4096), (8192, 8192, 8192), (4096, 4096, 4096)]
+  )
   cases = [harness.Case(m, n, k) for m, n, k in shapes]
   if not quick:
     cases += [harness.Case(4096, 8192, 4096, layout=l) for l in ("NT", "TN", "TT")]
-    cases += [harness.Case(4096, 8192, 4096, epilogue="bias_gelu"),
-              harness.Case(4000, 8000, 4000)]
+    cases += [harness.Case(4096, 8192, 4096, epilogue="bias_gelu"), harness.Case(4000, 8000, 4000)]
 
   def contenders(case):
     fns = {"pallas_gemm": harness.pallas_fn(case)}  # the default (heuristic) config
@@ -414,11 +677,13 @@ def timing(log, quick: bool, sweep_names=None) -> list[dict]:
 def timing_dtypes(log) -> list[dict]:
   """fp8 and tf32: our kernel (K-major operands, and NN with its XLA transpose of B)
   against XLA's own fp8 / tf32 GEMM on the same stored operands."""
-  cases = [harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NT"),
-           harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NN"),
-           harness.Case(4096, 8192, 4096, "float8_e4m3fn", "NT"),
-           harness.Case(4096, 8192, 4096, "float32", "NT"),
-           harness.Case(4096, 8192, 4096, "float32", "NN")]
+  cases = [
+      harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NT"),
+      harness.Case(8192, 8192, 8192, "float8_e4m3fn", "NN"),
+      harness.Case(4096, 8192, 4096, "float8_e4m3fn", "NT"),
+      harness.Case(4096, 8192, 4096, "float32", "NT"),
+      harness.Case(4096, 8192, 4096, "float32", "NN"),
+  ]
 
   def contenders(case):
     return {"pallas_gemm": harness.pallas_fn(case), "xla": harness.xla_fn(case)}
@@ -457,12 +722,15 @@ def with_compiler_params(fn, params):
     finally:
       hopper_gemm.EXPERIMENT_COMPILER_PARAMS.clear()
       hopper_gemm.EXPERIMENT_COMPILER_PARAMS.update(saved)
+
   return wrapped
 
 
 def timing_experiments(log, names=None) -> list[dict]:
-  cases = [harness.Case(m, n, k) for m, n, k in
-           ((4096, 8192, 4096), (8192, 8192, 8192), (4096, 4096, 4096))]
+  cases = [
+      harness.Case(m, n, k)
+      for m, n, k in ((4096, 8192, 4096), (8192, 8192, 8192), (4096, 4096, 4096))
+  ]
 
   def contenders(case):
     fns = {"pallas_gemm": harness.pallas_fn(case)}
@@ -484,12 +752,18 @@ def main(argv=None):
   parser.add_argument("--skip-timing", action="store_true")
   parser.add_argument("--quick", action="store_true", help="timing at 4096x8192x4096 only")
   parser.add_argument("--sweep", default=None, help="comma list of sweep ids (C0,C1,..)")
-  parser.add_argument("--only", default=None, help="comma list: run correctness cases whose name contains one")
+  parser.add_argument(
+      "--only", default=None, help="comma list: run correctness cases whose name contains one"
+  )
   parser.add_argument("--dtypes", action="store_true", help="time fp8/tf32 against XLA")
-  parser.add_argument("--experiments", default=None,
-                      help="comma list of EXPERIMENTS names, or 'all'")
-  parser.add_argument("--export-only", action="store_true",
-                      help="CPU dry run: lower every correctness case for CUDA, time nothing")
+  parser.add_argument(
+      "--experiments", default=None, help="comma list of EXPERIMENTS names, or 'all'"
+  )
+  parser.add_argument(
+      "--export-only",
+      action="store_true",
+      help="CPU dry run: lower every correctness case for CUDA, time nothing",
+  )
   args = parser.parse_args(argv)
   out_dir = os.environ.get("OUT", "out")
   log = harness.file_logger("device_check.log")
@@ -510,14 +784,15 @@ def main(argv=None):
     json.dump(results, f, indent=1)
   if "correctness" in results:
     bad = [r["name"] for r in results["correctness"] if not r["ok"]]
-    log(f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} passed"
-        + (f"; FAILED: {bad}" if bad else ""))
+    log(
+        f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} passed"
+        + (f"; FAILED: {bad}" if bad else "")
+    )
   log(f"{env['device']}, jax {env['jax']}, {env['method']}")
   if "timing_dtypes" in results:
     log(harness.format_table(results["timing_dtypes"]))
   if "timing_experiments" in results:
-    log(harness.format_table(results["timing_experiments"],
-                             ours=("pallas_gemm", *EXPERIMENTS)))
+    log(harness.format_table(results["timing_experiments"], ours=("pallas_gemm", *EXPERIMENTS)))
   if "timing" in results:
     log(harness.format_table(results["timing"]))
   return 0

@@ -39,8 +39,13 @@ import jax.numpy as jnp
 from pallas_gemm.tuner import L2_MODES, rotating
 from pallas_gemm.tuner import input_sets as _input_sets
 
-PEAK_TFLOPS = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9,
-               "float8_e5m2": 1978.9, "float32": 494.7}
+PEAK_TFLOPS = {
+    "bfloat16": 989.4,
+    "float16": 989.4,
+    "float8_e4m3fn": 1978.9,
+    "float8_e5m2": 1978.9,
+    "float32": 494.7,
+}
 """H100 SXM dense tensor-core peak (TFLOP/s); float32 runs as tf32."""
 
 K_MAJOR_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float32")
@@ -121,15 +126,20 @@ def xla_fn(case: Case):
   """
   if case.dtype.startswith("float8"):
     ca, cb = (0 if case.transpose_a else 1), (1 if case.transpose_b else 0)
-    return jax.jit(lambda a, b, bias: jax.lax.dot_general(
-        a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.bfloat16))
+    return jax.jit(
+        lambda a, b, bias: jax.lax.dot_general(
+            a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.bfloat16
+        )
+    )
 
   def f(a, b, bias):
     if case.epilogue == "bias_gelu":
-      acc = jnp.matmul(_op(a, case.transpose_a), _op(b, case.transpose_b),
-                       preferred_element_type=jnp.float32)
+      acc = jnp.matmul(
+          _op(a, case.transpose_a), _op(b, case.transpose_b), preferred_element_type=jnp.float32
+      )
       return jax.nn.gelu(acc + bias, approximate=True).astype(case.dtype)
     return jnp.matmul(_op(a, case.transpose_a), _op(b, case.transpose_b))
+
   return jax.jit(f)
 
 
@@ -137,9 +147,17 @@ def pallas_fn(case: Case, config=None, implementation="pallas"):
   from pallas_gemm import matmul
 
   def f(a, b, bias):
-    return matmul(a, b, transpose_a=case.transpose_a, transpose_b=case.transpose_b,
-                  bias=bias, activation="gelu_tanh" if case.epilogue else None,
-                  config=config, implementation=implementation)
+    return matmul(
+        a,
+        b,
+        transpose_a=case.transpose_a,
+        transpose_b=case.transpose_b,
+        bias=bias,
+        activation="gelu_tanh" if case.epilogue else None,
+        config=config,
+        implementation=implementation,
+    )
+
   return jax.jit(f)
 
 
@@ -147,8 +165,14 @@ JAX_MGPU_CONFIGS = (
     dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=8, wg_dimension="N"),
     dict(tile_m=128, tile_n=128, grid_minor_dim="M", grid_tile_width=8, wg_dimension="N"),
     dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=16, wg_dimension="N"),
-    dict(tile_m=128, tile_n=128, grid_minor_dim="N", grid_tile_width=8, wg_dimension="N",
-         cluster_dimension="M"),
+    dict(
+        tile_m=128,
+        tile_n=128,
+        grid_minor_dim="N",
+        grid_tile_width=8,
+        wg_dimension="N",
+        cluster_dimension="M",
+    ),
 )
 """A small set of jax's own kernel configs (its best region in our earlier sweep)."""
 
@@ -172,8 +196,7 @@ def jax_mgpu_fns(case: Case):
     cn = 2 if cfg.cluster_dimension == hm.MatmulDimension.N else 1
     if case.m % (cta_m * cm) or case.n % (cta_n * cn) or case.k % 64:
       continue
-    fns[f"jax_mgpu[{i}]"] = jax.jit(
-        lambda a, b, bias, cfg=cfg: hm.matmul(a, b, None, config=cfg))
+    fns[f"jax_mgpu[{i}]"] = jax.jit(lambda a, b, bias, cfg=cfg: hm.matmul(a, b, None, config=cfg))
   return fns
 
 
@@ -191,8 +214,9 @@ def kernel_breakdown(fn, args, iterations: int = 20) -> list[tuple[str, float]]:
   from jax.experimental.mosaic.gpu import profiler
 
   _, runs = profiler.measure(fn, aggregate=False, iterations=max(iterations, 2))(*args)
-  return [(name, statistics.median(run[i][1] for run in runs))
-          for i, (name, _) in enumerate(runs[0])]
+  return [
+      (name, statistics.median(run[i][1] for run in runs)) for i, (name, _) in enumerate(runs[0])
+  ]
 
 
 def run_cases(cases, contenders_for, *, rounds=3, iterations=10, l2="cold", log=print):
@@ -210,8 +234,9 @@ def run_cases(cases, contenders_for, *, rounds=3, iterations=10, l2="cold", log=
     seed = hash(case.label) % 2**31
     arg_sets = tuple(make_inputs(case, seed=seed + i) for i in range(sets))
     args = (arg_sets,) if sets > 1 else arg_sets[0]
-    fns = {name: rotating(fn, sets) if sets > 1 else fn
-           for name, fn in contenders_for(case).items()}
+    fns = {
+        name: rotating(fn, sets) if sets > 1 else fn for name, fn in contenders_for(case).items()
+    }
     samples = {name: [] for name in fns}
     errors = {}
     for r in range(rounds):
@@ -223,17 +248,34 @@ def run_cases(cases, contenders_for, *, rounds=3, iterations=10, l2="cold", log=
           del fns[name]
           samples.pop(name)
       if r == 0:
-        _keep_best_of_families(fns, samples, lambda name, ms: log(
-            f"{case.label:40s} {name:32s} round-0 median {ms * 1e3:9.1f} us "
-            f"{case.flops / (ms * 1e-3) / 1e12:7.1f} TFLOP/s"))
+        _keep_best_of_families(
+            fns,
+            samples,
+            lambda name, ms: log(
+                f"{case.label:40s} {name:32s} round-0 median {ms * 1e3:9.1f} us "
+                f"{case.flops / (ms * 1e-3) / 1e12:7.1f} TFLOP/s"
+            ),
+        )
     for name, times in samples.items():
       med = statistics.median(times)
-      row = dict(case=case.label, m=case.m, n=case.n, k=case.k, batch=case.batch,
-                 dtype=case.dtype, layout=case.layout,
-                 epilogue=case.epilogue, contender=name.split("[")[0], variant=name,
-                 median_ms=med, min_ms=min(times), max_ms=max(times), samples=len(times),
-                 input_sets=sets,
-                 tflops=case.flops / (med * 1e-3) / 1e12)
+      row = dict(
+          case=case.label,
+          m=case.m,
+          n=case.n,
+          k=case.k,
+          batch=case.batch,
+          dtype=case.dtype,
+          layout=case.layout,
+          epilogue=case.epilogue,
+          contender=name.split("[")[0],
+          variant=name,
+          median_ms=med,
+          min_ms=min(times),
+          max_ms=max(times),
+          samples=len(times),
+          input_sets=sets,
+          tflops=case.flops / (med * 1e-3) / 1e12,
+      )
       row["pct_peak"] = 100 * row["tflops"] / PEAK_TFLOPS[case.dtype]
       rows.append(row)
       log(f"{case.label:40s} {name:32s} {med * 1e3:9.1f} us {row['tflops']:7.1f} TFLOP/s")
@@ -266,14 +308,23 @@ def format_table(rows, ours=("pallas_gemm", "pallas_best"), others=("xla", "jax_
       by_case.setdefault(row["case"], {})[row["contender"]] = row
   present = [c for c in (*ours, *others) if any(c in cont for cont in by_case.values())]
   pairs = [(o, t) for o in ours if o in present for t in others if t in present]
-  lines = ["| case | " + " | ".join(f"{c} TFLOP/s (% peak)" for c in present) + " | "
-           + " | ".join(f"{o}/{t}" for o, t in pairs) + " |",
-           "|---" * (1 + len(present) + len(pairs)) + "|"]
+  lines = [
+      "| case | "
+      + " | ".join(f"{c} TFLOP/s (% peak)" for c in present)
+      + " | "
+      + " | ".join(f"{o}/{t}" for o, t in pairs)
+      + " |",
+      "|---" * (1 + len(present) + len(pairs)) + "|",
+  ]
   for case, cont in by_case.items():
-    cells = [f"{cont[c]['tflops']:.0f} ({cont[c]['pct_peak']:.0f}%)" if c in cont else "—"
-             for c in present]
-    ratios = [f"{cont[o]['tflops'] / cont[t]['tflops']:.3f}" if o in cont and t in cont else "—"
-              for o, t in pairs]
+    cells = [
+        f"{cont[c]['tflops']:.0f} ({cont[c]['pct_peak']:.0f}%)" if c in cont else "—"
+        for c in present
+    ]
+    ratios = [
+        f"{cont[o]['tflops'] / cont[t]['tflops']:.3f}" if o in cont and t in cont else "—"
+        for o, t in pairs
+    ]
     lines.append(f"| {case} | " + " | ".join(cells + ratios) + " |")
   return "\n".join(lines)
 
@@ -288,6 +339,7 @@ def file_logger(name: str):
     print(msg, flush=True)
     log_file.write(msg + "\n")
     log_file.flush()
+
   return log
 
 
@@ -300,12 +352,19 @@ def write_json(out_dir: str, name: str, **payload) -> None:
 
 def environment(l2: str = "cold") -> dict:
   dev = jax.devices()[0]
-  l2_text = ("L2 cold: problems under 4x L2 rotate over input sets" if l2 == "cold"
-             else "L2 warm: one input set, no flush")
-  return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-              method=f"CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median, {l2_text}, "
-                     "inputs iid N(0,1)")
+  l2_text = (
+      "L2 cold: problems under 4x L2 rotate over input sets"
+      if l2 == "cold"
+      else "L2 warm: one input set, no flush"
+  )
+  return dict(
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      device=dev.device_kind,
+      platform=dev.platform,
+      jax=jax.__version__,
+      method=f"CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median, {l2_text}, "
+      "inputs iid N(0,1)",
+  )
 
 
 def main(argv=None):
@@ -316,26 +375,55 @@ def main(argv=None):
   parser.add_argument("--epilogue", default=None, choices=[e for e in EPILOGUES if e])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
-  parser.add_argument("--out", default=os.environ.get("OUT"),
-                      help="folder for results.json (sweeps: sweep_NAME.json/.png); default $OUT")
-  parser.add_argument("--sweep", default=None,
-                      help="a named sweep of pallas_gemm/shapes (llm, training, odd, tall_skinny_k): "
-                           "pallas_gemm vs jnp.dot side by side, summary table last")
-  parser.add_argument("--m-values", default=None,
-                      help="sweeps: comma list of M values to keep, or 'all' (llm default: 1,16,64,256)")
-  parser.add_argument("--max-shapes", type=int, default=None, help="sweeps: only the first N shapes")
-  parser.add_argument("--budget-s", type=float, default=180.0,
-                      help="sweeps: start no new shape after this many seconds")
-  parser.add_argument("--compare-split", action="store_true",
-                      help="sweeps: also time each shape with the other split-K choice (pallas_alt)")
-  parser.add_argument("--compare-table", default=None, metavar="FILE",
-                      help="sweeps: also time each shape with the config of this tuning table "
-                           "or cache file, e.g. a fresh pallas_gemm.tune cache (pallas_alt)")
-  parser.add_argument("--l2", default="cold", choices=L2_MODES,
-                      help="cold: problems under 4x the L2 run over several input sets in turn, "
-                           "so operands come from HBM; warm: one input set (may stay in L2)")
-  parser.add_argument("--breakdown", action="store_true",
-                      help="also print the kernels of pallas_gemm and xla and each one's median time")
+  parser.add_argument(
+      "--out",
+      default=os.environ.get("OUT"),
+      help="folder for results.json (sweeps: sweep_NAME.json/.png); default $OUT",
+  )
+  parser.add_argument(
+      "--sweep",
+      default=None,
+      help="a named sweep of pallas_gemm/shapes (llm, training, odd, tall_skinny_k): "
+      "pallas_gemm vs jnp.dot side by side, summary table last",
+  )
+  parser.add_argument(
+      "--m-values",
+      default=None,
+      help="sweeps: comma list of M values to keep, or 'all' (llm default: 1,16,64,256)",
+  )
+  parser.add_argument(
+      "--max-shapes", type=int, default=None, help="sweeps: only the first N shapes"
+  )
+  parser.add_argument(
+      "--budget-s",
+      type=float,
+      default=180.0,
+      help="sweeps: start no new shape after this many seconds",
+  )
+  parser.add_argument(
+      "--compare-split",
+      action="store_true",
+      help="sweeps: also time each shape with the other split-K choice (pallas_alt)",
+  )
+  parser.add_argument(
+      "--compare-table",
+      default=None,
+      metavar="FILE",
+      help="sweeps: also time each shape with the config of this tuning table "
+      "or cache file, e.g. a fresh pallas_gemm.tune cache (pallas_alt)",
+  )
+  parser.add_argument(
+      "--l2",
+      default="cold",
+      choices=L2_MODES,
+      help="cold: problems under 4x the L2 run over several input sets in turn, "
+      "so operands come from HBM; warm: one input set (may stay in L2)",
+  )
+  parser.add_argument(
+      "--breakdown",
+      action="store_true",
+      help="also print the kernels of pallas_gemm and xla and each one's median time",
+  )
   args = parser.parse_args(argv)
   env = environment(args.l2)
   print(json.dumps(env))
@@ -347,11 +435,16 @@ def main(argv=None):
     a, b, bias = make_inputs(case, 0)
     out = pallas_fn(case, implementation="interpret")(a, b, bias)
     ref = xla_fn(case)(a, b, bias)
-    err = float(jnp.linalg.norm((out - ref).astype(jnp.float32)) / jnp.linalg.norm(ref.astype(jnp.float32)))
+    err = float(
+        jnp.linalg.norm((out - ref).astype(jnp.float32)) / jnp.linalg.norm(ref.astype(jnp.float32))
+    )
     print(f"interpret-mode relative error vs XLA: {err:.2e}")
     return 0
-  cases = [Case(m, n, k, args.dtype, layout, args.epilogue)
-           for (m, n, k) in parse_shapes(args.shapes) for layout in args.layouts.split(",")]
+  cases = [
+      Case(m, n, k, args.dtype, layout, args.epilogue)
+      for (m, n, k) in parse_shapes(args.shapes)
+      for layout in args.layouts.split(",")
+  ]
 
   def contenders(case):
     return {"pallas_gemm": pallas_fn(case), "xla": xla_fn(case), **jax_mgpu_fns(case)}
@@ -362,8 +455,10 @@ def main(argv=None):
       args_ = make_inputs(case, seed=0)
       for name, fn in (("pallas_gemm", pallas_fn(case)), ("xla", xla_fn(case))):
         kernels = kernel_breakdown(fn, args_, args.iterations)
-        print(f"{case.label:32s} {name:12s} " +
-              "; ".join(f"{kernel[:40]} {ms * 1e3:.2f} us" for kernel, ms in kernels))
+        print(
+            f"{case.label:32s} {name:12s} "
+            + "; ".join(f"{kernel[:40]} {ms * 1e3:.2f} us" for kernel, ms in kernels)
+        )
   if args.out:
     write_json(args.out, "results.json", environment=env, rows=rows)
   print(format_table(rows))
@@ -373,15 +468,23 @@ def main(argv=None):
 def _run_sweep(args, gpu: bool) -> int:
   from benchmarks import sweep
 
-  cases = sweep.sweep_cases(args.sweep, sweep.parse_m_values(args.m_values, args.sweep),
-                            args.max_shapes)
+  cases = sweep.sweep_cases(
+      args.sweep, sweep.parse_m_values(args.m_values, args.sweep), args.max_shapes
+  )
   if not gpu:
     print(sweep.plan(args.sweep, cases))
     return 0
-  _, summary = sweep.run(args.sweep, cases, out_dir=args.out, rounds=args.rounds,
-                         iterations=args.iterations, budget_s=args.budget_s,
-                         compare_split=args.compare_split, compare_table=args.compare_table,
-                         l2=args.l2)
+  _, summary = sweep.run(
+      args.sweep,
+      cases,
+      out_dir=args.out,
+      rounds=args.rounds,
+      iterations=args.iterations,
+      budget_s=args.budget_s,
+      compare_split=args.compare_split,
+      compare_table=args.compare_table,
+      l2=args.l2,
+  )
   print(sweep.format_summary(args.sweep, summary))
   return 0
 

@@ -53,9 +53,29 @@ _GROUP_WORDS = (
     ("elementwise", ("pallas_gemm_dpre",)),
     ("attention", ("fmha", "flash", "sdpa", "attention", "attn")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "dot")),
-    ("elementwise", ("fusion", "loop_", "input_", "reduce", "convert", "transpose",
-                     "broadcast", "copy", "add", "multiply", "norm", "select", "scatter",
-                     "gather", "dynamic", "concatenate", "slice", "pad")),
+    (
+        "elementwise",
+        (
+            "fusion",
+            "loop_",
+            "input_",
+            "reduce",
+            "convert",
+            "transpose",
+            "broadcast",
+            "copy",
+            "add",
+            "multiply",
+            "norm",
+            "select",
+            "scatter",
+            "gather",
+            "dynamic",
+            "concatenate",
+            "slice",
+            "pad",
+        ),
+    ),
 )
 
 
@@ -94,7 +114,8 @@ def make_train_step(graphdef, learning_rate: float = 3e-4):
   def loss_fn(params, rest, tokens, labels):
     logits = nnx.merge(graphdef, params, rest)(tokens)
     return optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), labels).mean()
+        logits.astype(jnp.float32), labels
+    ).mean()
 
   def train_step(params, opt_state, rest, tokens, labels):
     loss, grads = jax.value_and_grad(loss_fn)(params, rest, tokens, labels)
@@ -116,8 +137,9 @@ def batches(spec, count: int, seed: int = 1):
   key = jax.random.key(seed)
   out = []
   for i in range(count):
-    ids = jax.random.randint(jax.random.fold_in(key, i), (spec.batch, spec.seq + 1), 0,
-                             spec.vocab, jnp.int32)
+    ids = jax.random.randint(
+        jax.random.fold_in(key, i), (spec.batch, spec.seq + 1), 0, spec.vocab, jnp.int32
+    )
     out.append((ids[:, :-1], ids[:, 1:]))
   return out
 
@@ -136,9 +158,12 @@ def compile_step(step, *args):
   compiled = lowered.compile()
   t2 = time.perf_counter()
   text = lowered.as_text()
-  return compiled, dict(lower_s=t1 - t0, compile_s=t2 - t1,
-                        kernels=compile_once.module_kernel_count(text),
-                        gemm_sites=text.count("call @_launch"))
+  return compiled, dict(
+      lower_s=t1 - t0,
+      compile_s=t2 - t1,
+      kernels=compile_once.module_kernel_count(text),
+      gemm_sites=text.count("call @_launch"),
+  )
 
 
 def peak_memory_bytes() -> int | None:
@@ -164,10 +189,14 @@ def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
   step, tx = make_train_step(graphdef)
   opt_state = tx.init(params)
   build_s = time.perf_counter() - t0
-  (tokens, labels), = batches(spec, 1)
+  ((tokens, labels),) = batches(spec, 1)
   compiled, stats = compile_step(step, params, opt_state, rest, tokens, labels)
-  report = dict(variant=variant, build_s=build_s, **stats,
-                cache_files=len(os.listdir(cache_dir)) if cache_dir else None)
+  report = dict(
+      variant=variant,
+      build_s=build_s,
+      **stats,
+      cache_files=len(os.listdir(cache_dir)) if cache_dir else None,
+  )
   print(json.dumps(report), flush=True)  # the compile report survives a failed run
   try:
     for _ in range(steps):
@@ -179,8 +208,15 @@ def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
 
 
 def _worker_process(spec, variant, cache_dir, log) -> dict:
-  cmd = [sys.executable, "-m", "benchmarks.model", "--worker", variant,
-         "--spec", json.dumps(dataclasses.asdict(spec))]
+  cmd = [
+      sys.executable,
+      "-m",
+      "benchmarks.model",
+      "--worker",
+      variant,
+      "--spec",
+      json.dumps(dataclasses.asdict(spec)),
+  ]
   if cache_dir:
     cmd += ["--cache-dir", cache_dir]
   t0 = time.perf_counter()
@@ -206,10 +242,12 @@ def fresh_compiles(spec, variants, cache_dir: str | None, log) -> dict:
       r = reports[variant][kind] = _worker_process(spec, variant, variant_dir, log)
       if "error" in r:
         continue
-      log(f"  {kind} {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
+      log(
+          f"  {kind} {variant:9s} lower {r['lower_s']:6.1f} s  compile {r['compile_s']:6.1f} s  "
           f"kernels {r['kernels']:3d} (GEMM sites {r['gemm_sites']})  peak "
           f"{_gib(r.get('peak_bytes'))}  cache files {r['cache_files']}  loss {r.get('loss')}"
-          + (f"  run failed: {r['run_error']}" if "run_error" in r else ""))
+          + (f"  run failed: {r['run_error']}" if "run_error" in r else "")
+      )
   return reports
 
 
@@ -239,8 +277,12 @@ def group_kernels(kernels, per: int = 1) -> dict:
     totals[kernel_group(name)] += us / per
     by_name[name] = by_name.get(name, 0.0) + us / per
   top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
-  return dict(groups=totals, total_us=sum(totals.values()), launches=len(kernels) // per,
-              top=[(n[:90], round(us, 1)) for n, us in top])
+  return dict(
+      groups=totals,
+      total_us=sum(totals.values()),
+      launches=len(kernels) // per,
+      top=[(n[:90], round(us, 1)) for n, us in top],
+  )
 
 
 def _gib(x):
@@ -268,7 +310,8 @@ class Run:
       if initial is None:
         initial, self.rest, treedef = host, rest, jax.tree.structure(params)
       elif jax.tree.structure(params) != treedef or not all(
-          np.array_equal(x, y) for x, y in zip(jax.tree.leaves(host), jax.tree.leaves(initial))):
+          np.array_equal(x, y) for x, y in zip(jax.tree.leaves(host), jax.tree.leaves(initial))
+      ):
         raise AssertionError(f"{variant}'s parameters differ from {variants[0]}'s")
       del params
       step, self.tx = make_train_step(graphdef)
@@ -292,8 +335,10 @@ class Run:
       memory = compiled.memory_analysis()
       if memory is not None:
         self.rows[variant]["temp_bytes"] = int(memory.temp_size_in_bytes)
-      self.log(f"  this process {variant:9s} lower {stats['lower_s']:6.1f} s  compile "
-               f"{stats['compile_s']:6.1f} s  kernels {stats['kernels']}")
+      self.log(
+          f"  this process {variant:9s} lower {stats['lower_s']:6.1f} s  compile "
+          f"{stats['compile_s']:6.1f} s  kernels {stats['kernels']}"
+      )
 
   def _step(self, variant, tokens, labels):
     params, opt_state = self.state
@@ -315,15 +360,19 @@ class Run:
     """Step time as a training loop sees it (`chain` steps dispatched before one block)
     and with a block after every step (host-side dispatch exposed)."""
     tokens, labels = self.batches[0]
-    calls = {v: (lambda v=v: self._step(v, tokens, labels)) for v in self.variants}
+    calls = {v: lambda v=v: self._step(v, tokens, labels) for v in self.variants}
     pipelined = interleaved(calls, rounds, iters, chain)
     blocked = interleaved(calls, rounds, iters)
     for variant in self.variants:
       med = statistics.median(pipelined[variant])
       self.rows[variant].update(
-          step_ms=med, step_min_ms=min(pipelined[variant]), step_chain=chain,
-          step_samples=len(pipelined[variant]), tokens_per_s=self.spec.tokens / (med * 1e-3),
-          step_blocked_ms=statistics.median(blocked[variant]))
+          step_ms=med,
+          step_min_ms=min(pipelined[variant]),
+          step_chain=chain,
+          step_samples=len(pipelined[variant]),
+          tokens_per_s=self.spec.tokens / (med * 1e-3),
+          step_blocked_ms=statistics.median(blocked[variant]),
+      )
 
   def power(self, seconds: float, rounds: int, chain: int):
     """Steps back to back for `seconds` per variant and round while `nvidia-smi` samples
@@ -354,10 +403,13 @@ class Run:
       ms = statistics.median(1e3 * s for s, _ in runs)
       clock = statistics.median(x[0] for _, samples in runs for x in samples)
       watts = statistics.median(x[1] for _, samples in runs for x in samples)
-      self.rows[variant]["power"] = dict(step_ms=ms, sm_clock_mhz=clock, watts=watts,
-                                         joules_per_step=watts * ms / 1e3)
-      self.log(f"  {variant:9s} sustained: {ms:.2f} ms/step at {clock:.0f} MHz, {watts:.0f} W, "
-               f"{watts * ms / 1e3:.1f} J/step")
+      self.rows[variant]["power"] = dict(
+          step_ms=ms, sm_clock_mhz=clock, watts=watts, joules_per_step=watts * ms / 1e3
+      )
+      self.log(
+          f"  {variant:9s} sustained: {ms:.2f} ms/step at {clock:.0f} MHz, {watts:.0f} W, "
+          f"{watts * ms / 1e3:.1f} J/step"
+      )
 
   def breakdown(self, chain: int):
     """`chain` steps per variant traced back to back (jax's profiler, CUPTI underneath):
@@ -368,20 +420,26 @@ class Run:
     for variant in self.variants:
       jax.block_until_ready(self._step(variant, tokens, labels))
       _, events, host = timeline.capture(
-          lambda: [self._step(variant, tokens, labels) for _ in range(chain)])
+          lambda: [self._step(variant, tokens, labels) for _ in range(chain)]
+      )
       if not events:
         raise RuntimeError("the profiler saw no GPU kernels")
-      kernels = group_kernels([(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events],
-                              per=chain)
+      kernels = group_kernels([(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events], per=chain)
       report = timeline.idle_report(events)
-      report.update(steps=chain, host_top=timeline.top_host(host),
-                    span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain)
+      report.update(
+          steps=chain,
+          host_top=timeline.top_host(host),
+          span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain,
+      )
       self.rows[variant].update(kernels=kernels, timeline=report)
-      self.log(f"  {variant:9s} {chain} steps traced, per step: span "
-               f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
-               f"GPU idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
-               + ", ".join(f"{k} {v['us'] / 1e3 / chain:.2f} ms"
-                           for k, v in report["gaps_before"].items()))
+      self.log(
+          f"  {variant:9s} {chain} steps traced, per step: span "
+          f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
+          f"GPU idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
+          + ", ".join(
+              f"{k} {v['us'] / 1e3 / chain:.2f} ms" for k, v in report["gaps_before"].items()
+          )
+      )
 
   def inference(self, decode_tokens, rounds: int, iters: int):
     """Forward passes with the weights in bf16, as they are served (f32 master weights
@@ -396,7 +454,8 @@ class Run:
         t0 = time.perf_counter()
         compiled[variant] = self.forwards[variant].lower(params, self.rest, tokens).compile()
         self.rows[variant].setdefault("inference", {})[case] = dict(
-            tokens=int(tokens.size), compile_s=time.perf_counter() - t0)
+            tokens=int(tokens.size), compile_s=time.perf_counter() - t0
+        )
       calls = {v: functools.partial(compiled[v], params, self.rest, tokens) for v in self.variants}
       samples = interleaved(calls, rounds, iters)
       for variant, times in samples.items():
@@ -406,19 +465,23 @@ class Run:
 
           _, events, _ = timeline.capture(calls[variant])
           self.rows[variant]["inference"][case]["kernels"] = group_kernels(
-              [(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events])
+              [(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events]
+          )
           self.rows[variant]["inference"][case]["span_us"] = (
-              (events[-1].end_ns - events[0].start_ns) / 1e3 if events else None)
+              (events[-1].end_ns - events[0].start_ns) / 1e3 if events else None
+          )
 
 
 # -- report -----------------------------------------------------------------------
 def table(results) -> str:
   """The printed table: one line per (model, variant), ratios against XLA."""
   lines = []
-  head = (f"{'model':6s} {'variant':9s} {'cold compile s':>14s} {'x XLA':>6s} {'warm s':>7s} "
-          f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'blocked':>7s} {'tok/s':>9s} {'peak GiB':>8s} "
-          f"{'loss diff':>9s} {'GEMM ms':>8s} {'attn ms':>7s} {'elem ms':>7s} {'other ms':>8s} "
-          f"{'prefill':>8s} {'decode':>16s}")
+  head = (
+      f"{'model':6s} {'variant':9s} {'cold compile s':>14s} {'x XLA':>6s} {'warm s':>7s} "
+      f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'blocked':>7s} {'tok/s':>9s} {'peak GiB':>8s} "
+      f"{'loss diff':>9s} {'GEMM ms':>8s} {'attn ms':>7s} {'elem ms':>7s} {'other ms':>8s} "
+      f"{'prefill':>8s} {'decode':>16s}"
+  )
   lines.append(head)
   for arch, result in results.items():
     rows = result["variants"]
@@ -428,10 +491,20 @@ def table(results) -> str:
       cold_s, xla_cold_s = _compile_s(cold), _compile_s(xla.get("cold", {}))
       groups = row.get("kernels", {}).get("groups", {})
       inf = row.get("inference", {})
-      decode = "/".join(f"{xla['inference'][c]['ms'] / inf[c]['ms']:.2f}"
-                        for c in inf if c.startswith("decode")) if "inference" in xla else "-"
-      prefill = (f"{xla['inference']['prefill']['ms'] / inf['prefill']['ms']:.3f}"
-                 if "inference" in xla and "prefill" in inf else "-")
+      decode = (
+          "/".join(
+              f"{xla['inference'][c]['ms'] / inf[c]['ms']:.2f}"
+              for c in inf
+              if c.startswith("decode")
+          )
+          if "inference" in xla
+          else "-"
+      )
+      prefill = (
+          f"{xla['inference']['prefill']['ms'] / inf['prefill']['ms']:.3f}"
+          if "inference" in xla and "prefill" in inf
+          else "-"
+      )
       ratio = xla.get("step_ms", float("nan")) / row.get("step_ms", float("nan"))
       blocked = xla.get("step_blocked_ms", float("nan")) / row.get("step_blocked_ms", float("nan"))
       lines.append(
@@ -443,15 +516,23 @@ def table(results) -> str:
           f"{_num(row.get('tokens_per_s'), 9, 0)} "
           f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
           f"{_num(row.get('loss_max_diff'), 9, 5)} "
-          + " ".join(_num(groups[g] / 1e3 if g in groups else None, w, 2)
-                     for g, w in zip(GROUPS, (8, 7, 7, 8)))
-          + f" {prefill:>8s} {decode:>16s}")
-  lines.append("x XLA: cold compile / XLA's; XLA/this: XLA step time / this variant's "
-               "(> 1 is faster; steps dispatched in chains, as a training loop runs them); "
-               "blocked: the same with a block after every step; prefill, decode: XLA time / this (decode at "
-               + "/".join(c[6:] for c in next(iter(results.values()))["variants"]
-                          .get("xla", {}).get("inference", {}) if c.startswith("decode"))
-               + " tokens)")
+          + " ".join(
+              _num(groups[g] / 1e3 if g in groups else None, w, 2)
+              for g, w in zip(GROUPS, (8, 7, 7, 8))
+          )
+          + f" {prefill:>8s} {decode:>16s}"
+      )
+  lines.append(
+      "x XLA: cold compile / XLA's; XLA/this: XLA step time / this variant's "
+      "(> 1 is faster; steps dispatched in chains, as a training loop runs them); "
+      "blocked: the same with a block after every step; prefill, decode: XLA time / this (decode at "
+      + "/".join(
+          c[6:]
+          for c in next(iter(results.values()))["variants"].get("xla", {}).get("inference", {})
+          if c.startswith("decode")
+      )
+      + " tokens)"
+  )
   return "\n".join(lines)
 
 
@@ -488,11 +569,17 @@ def run_model(spec, variants, args, log) -> dict:
     jax.config.update("jax_compilation_cache_dir", None)
   for variant in variants:
     row = run.rows[variant]
-    log(f"  {variant:9s} step {row['step_ms']:.2f} ms ({row['step_blocked_ms']:.2f} blocked), loss {row['loss_curve'][0]:.4f} -> "
+    log(
+        f"  {variant:9s} step {row['step_ms']:.2f} ms ({row['step_blocked_ms']:.2f} blocked), loss {row['loss_curve'][0]:.4f} -> "
         f"{row['loss_curve'][-1]:.4f} (max diff from {variants[0]} {row['loss_max_diff']:.2e})"
-        + (f", kernels {row['kernels']['groups']}" if "kernels" in row else ""))
-  return dict(spec=dataclasses.asdict(spec), params=run.rows[variants[0]]["params"],
-              train_flops=spec.train_flops, variants=run.rows)
+        + (f", kernels {row['kernels']['groups']}" if "kernels" in row else "")
+    )
+  return dict(
+      spec=dataclasses.asdict(spec),
+      params=run.rows[variants[0]]["params"],
+      train_flops=spec.train_flops,
+      variants=run.rows,
+  )
 
 
 def _on_gpu() -> bool:
@@ -502,28 +589,51 @@ def _on_gpu() -> bool:
 def parse_args(argv=None):
   from benchmarks import models
 
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--arch", default="gpt,llama", help="comma-separated: gpt, llama")
-  p.add_argument("--size", default=None, choices=sorted(models.SIZES),
-                 help="preset sizes (default: 'default' on a GPU, 'small' elsewhere)")
+  p.add_argument(
+      "--size",
+      default=None,
+      choices=sorted(models.SIZES),
+      help="preset sizes (default: 'default' on a GPU, 'small' elsewhere)",
+  )
   for field in ("layers", "d_model", "heads", "kv_heads", "mlp", "vocab", "batch", "seq"):
-    p.add_argument(f"--{field.replace('_', '-')}", type=int, default=None,
-                   help=f"override the preset's {field}")
+    p.add_argument(
+        f"--{field.replace('_', '-')}",
+        type=int,
+        default=None,
+        help=f"override the preset's {field}",
+    )
   p.add_argument("--variants", default=",".join(models.VARIANTS))
   p.add_argument("--loss-steps", type=int, default=20, help="steps of the loss curve")
   p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
   p.add_argument("--iters", type=int, default=5, help="timed calls per variant per round")
-  p.add_argument("--chain", type=int, default=4,
-                 help="training steps dispatched before each block when timing steps")
-  p.add_argument("--power", type=float, default=0,
-                 help="seconds of back-to-back steps per variant and round while nvidia-smi "
-                      "samples clock and power (GPU only; 0: skip)")
+  p.add_argument(
+      "--chain",
+      type=int,
+      default=4,
+      help="training steps dispatched before each block when timing steps",
+  )
+  p.add_argument(
+      "--power",
+      type=float,
+      default=0,
+      help="seconds of back-to-back steps per variant and round while nvidia-smi "
+      "samples clock and power (GPU only; 0: skip)",
+  )
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
-  p.add_argument("--in-process", action="store_true",
-                 help="no cold-compile subprocesses (compile times: this process only)")
-  p.add_argument("--compile-only", action="store_true",
-                 help="only the fresh-process compiles (cold and warm), no training or timing")
+  p.add_argument(
+      "--in-process",
+      action="store_true",
+      help="no cold-compile subprocesses (compile times: this process only)",
+  )
+  p.add_argument(
+      "--compile-only",
+      action="store_true",
+      help="only the fresh-process compiles (cold and warm), no training or timing",
+  )
   p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache")
   p.add_argument("--json", default=None, help="write the results here")
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -536,9 +646,11 @@ def specs_from(args):
   from benchmarks import models
 
   base = models.SIZES[args.size or ("default" if _on_gpu() else "small")]
-  overrides = {f: getattr(args, f) for f in ("layers", "d_model", "heads", "kv_heads", "mlp",
-                                             "vocab", "batch", "seq")
-               if getattr(args, f) is not None}
+  overrides = {
+      f: getattr(args, f)
+      for f in ("layers", "d_model", "heads", "kv_heads", "mlp", "vocab", "batch", "seq")
+      if getattr(args, f) is not None
+  }
   if _on_gpu():  # flash attention, as a real model runs it; jax's own pick is XLA's
     overrides.setdefault("attention", "cudnn")
   out = []
@@ -558,11 +670,16 @@ def main(argv=None) -> int:
     return 0
   log = lambda *a: print(*a, flush=True)
   device = jax.devices()[0]
-  log(f"jax {jax.__version__}, {device.device_kind} ({device.platform}); step: wall-clock "
-      "median, variants interleaved; kernels: jax profiler (CUPTI), steps back to back")
+  log(
+      f"jax {jax.__version__}, {device.device_kind} ({device.platform}); step: wall-clock "
+      "median, variants interleaved; kernels: jax profiler (CUPTI), steps back to back"
+  )
   variants = tuple(args.variants.split(","))
-  meta = dict(jax=jax.__version__, device=device.device_kind,
-              date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+  meta = dict(
+      jax=jax.__version__,
+      device=device.device_kind,
+      date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+  )
   results = {}
   for spec in specs_from(args):
     results[spec.arch] = run_model(spec, variants, args, log)

@@ -65,8 +65,10 @@ class ModelSpec:
     if self.arch not in ARCHS:
       raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
     if self.d_model % self.heads or self.heads % self.kv_heads:
-      raise ValueError(f"d_model ({self.d_model}) must be a multiple of heads ({self.heads}), "
-                       f"and heads of kv_heads ({self.kv_heads})")
+      raise ValueError(
+          f"d_model ({self.d_model}) must be a multiple of heads ({self.heads}), "
+          f"and heads of kv_heads ({self.kv_heads})"
+      )
 
   @property
   def head_dim(self) -> int:
@@ -94,8 +96,9 @@ SIZES = {
     # need 45 GB of temporaries per step and do not fit beside each other).
     "default": ModelSpec(),
     # A few seconds on a CPU: the CI size.
-    "small": ModelSpec(layers=2, d_model=256, heads=4, kv_heads=4, mlp=512, vocab=512,
-                       batch=2, seq=32),
+    "small": ModelSpec(
+        layers=2, d_model=256, heads=4, kv_heads=4, mlp=512, vocab=512, batch=2, seq=32
+    ),
 }
 LLAMA_DEFAULTS = dict(kv_heads=4, mlp=5632)
 """What `for_arch` changes for "llama": 4 KV heads (GQA), SwiGLU width ~2.75 d_model."""
@@ -120,17 +123,31 @@ def for_arch(spec: ModelSpec, arch: str) -> ModelSpec:
 class Projection(nnx.Module):
   """`act(x @ kernel + bias) + residual` in the variant's way (see the module doc)."""
 
-  def __init__(self, din: int, dout: int, *, variant: str, use_bias: bool,
-               activation: str | None = None, implementation: str | None = None,
-               rngs: nnx.Rngs):
+  def __init__(
+      self,
+      din: int,
+      dout: int,
+      *,
+      variant: str,
+      use_bias: bool,
+      activation: str | None = None,
+      implementation: str | None = None,
+      rngs: nnx.Rngs,
+  ):
     if variant not in VARIANTS:
       raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    kwargs = dict(use_bias=use_bias, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE,
-                  kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    kwargs = dict(
+        use_bias=use_bias,
+        dtype=COMPUTE_DTYPE,
+        param_dtype=PARAM_DTYPE,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+    )
     self.variant, self.activation = variant, activation
     if variant == "fused":
-      self.linear = pallas_gemm.flax.Linear(din, dout, activation=activation,
-                                            implementation=implementation, **kwargs)
+      self.linear = pallas_gemm.flax.Linear(
+          din, dout, activation=activation, implementation=implementation, **kwargs
+      )
     elif variant == "injected":
       dot_general = pallas_gemm.make_dot_general(implementation=implementation)
       self.linear = nnx.Linear(din, dout, dot_general=dot_general, **kwargs)
@@ -161,8 +178,9 @@ def _rotary(x, positions):
 class Block(nnx.Module):
   """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-  def __init__(self, spec: ModelSpec, variant: str, rngs: nnx.Rngs,
-               implementation: str | None = None):
+  def __init__(
+      self, spec: ModelSpec, variant: str, rngs: nnx.Rngs, implementation: str | None = None
+  ):
     gpt = spec.arch == "gpt"
     norm = nnx.LayerNorm if gpt else nnx.RMSNorm
     self.spec = spec
@@ -207,16 +225,23 @@ class Decoder(nnx.Module):
   anywhere, e.g. for `jax.export(..., platforms=["cuda"])` on a CPU).
   """
 
-  def __init__(self, spec: ModelSpec, variant: str, rngs: nnx.Rngs,
-               implementation: str | None = None):
-    self.embed = nnx.Embed(spec.vocab, spec.d_model, dtype=COMPUTE_DTYPE,
-                           param_dtype=PARAM_DTYPE, rngs=rngs)
-    self.blocks = _List([Block(spec, variant, rngs, implementation)
-                         for _ in range(spec.layers)])
+  def __init__(
+      self, spec: ModelSpec, variant: str, rngs: nnx.Rngs, implementation: str | None = None
+  ):
+    self.embed = nnx.Embed(
+        spec.vocab, spec.d_model, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE, rngs=rngs
+    )
+    self.blocks = _List([Block(spec, variant, rngs, implementation) for _ in range(spec.layers)])
     norm = nnx.LayerNorm if spec.arch == "gpt" else nnx.RMSNorm
     self.norm = norm(spec.d_model, dtype=COMPUTE_DTYPE, param_dtype=PARAM_DTYPE, rngs=rngs)
-    self.head = Projection(spec.d_model, spec.vocab, variant=variant, use_bias=False,
-                           implementation=implementation, rngs=rngs)
+    self.head = Projection(
+        spec.d_model,
+        spec.vocab,
+        variant=variant,
+        use_bias=False,
+        implementation=implementation,
+        rngs=rngs,
+    )
 
   def __call__(self, tokens):
     x = self.embed(tokens)

@@ -36,13 +36,22 @@ import time
 from benchmarks import matmul
 from pallas_gemm import _compat
 
-QUERIES = ("clocks.sm,power.draw.instant,power.limit,clocks_event_reasons.active",
-           "clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active")
+QUERIES = (
+    "clocks.sm,power.draw.instant,power.limit,clocks_event_reasons.active",
+    "clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active",
+)
 """Newest field names first (power.draw averages over ~1 s on recent drivers; .instant does not)."""
-THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap",
-                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
-                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
-                 0x100: "display_clocks"}
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clocks",
+}
 """nvidia-smi's clocks_event_reasons bits (nvml.h, nvmlClocksEventReason*)."""
 
 DENSE_FLOP_PER_SM_CLOCK = 4096
@@ -60,8 +69,11 @@ def throttle_names(bits: int) -> list[str]:
 
 
 def _query_works(query: str) -> bool:
-  once = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                        capture_output=True, text=True)
+  once = subprocess.run(
+      ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+      capture_output=True,
+      text=True,
+  )
   try:
     parse_sample(once.stdout.splitlines()[0])
     return once.returncode == 0
@@ -77,8 +89,16 @@ class Sampler:
     if not self.query:
       raise RuntimeError(f"nvidia-smi knows none of these queries: {QUERIES}")
     self._proc = subprocess.Popen(
-        ["nvidia-smi", f"--query-gpu={self.query}", "--format=csv,noheader,nounits",
-         f"-lms={period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "nvidia-smi",
+            f"--query-gpu={self.query}",
+            "--format=csv,noheader,nounits",
+            f"-lms={period_ms}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     self._samples = []
     self._thread = threading.Thread(target=self._read, daemon=True)
     self._thread.start()
@@ -121,8 +141,9 @@ def contenders(case, variants=()):
   family = matmul.jax_mgpu_fns(case)
   if family:  # CUPTI, one short round each
     args = matmul.make_inputs(case, seed=0)
-    fns["jax_mgpu"] = family[min(family, key=lambda n: statistics.median(
-        matmul.cupti_times_ms(family[n], args, 5)))]
+    fns["jax_mgpu"] = family[
+        min(family, key=lambda n: statistics.median(matmul.cupti_times_ms(family[n], args, 5)))
+    ]
   for name in variants:
     config, params = device_check.EXPERIMENTS[name]
     fn = matmul.pallas_fn(case, config)
@@ -156,12 +177,19 @@ def measure(cases, seconds: float, rounds: int, variants=(), log=print) -> list[
         sec = statistics.median(p["sec"])
         clock = statistics.median(p["clock"]) if p["clock"] else float("nan")
         power = statistics.median(p["power"]) if p["power"] else float("nan")
-        row = dict(case=case.label, contender=name, us_per_gemm=sec * 1e6,
-                   tflops=case.flops / sec / 1e12, clock_mhz=clock, power_w=power,
-                   power_limit_w=max(p["limit"], default=float("nan")),
-                   samples=len(p["clock"]), reasons=throttle_names(p["reasons"]),
-                   flop_per_sm_clock=case.flops / sec / (num_sms * clock * 1e6),
-                   joules_per_gemm=power * sec)
+        row = dict(
+            case=case.label,
+            contender=name,
+            us_per_gemm=sec * 1e6,
+            tflops=case.flops / sec / 1e12,
+            clock_mhz=clock,
+            power_w=power,
+            power_limit_w=max(p["limit"], default=float("nan")),
+            samples=len(p["clock"]),
+            reasons=throttle_names(p["reasons"]),
+            flop_per_sm_clock=case.flops / sec / (num_sms * clock * 1e6),
+            joules_per_gemm=power * sec,
+        )
         rows.append(row)
         log(json.dumps(row))
   finally:
@@ -170,14 +198,18 @@ def measure(cases, seconds: float, rounds: int, variants=(), log=print) -> list[
 
 
 def format_table(rows) -> str:
-  lines = ["| case | contender | TFLOP/s | SM MHz | W (limit) | flop/SM-clk (of 4096) "
-           "| mJ/GEMM | clock-event reasons |", "|---" * 8 + "|"]
+  lines = [
+      "| case | contender | TFLOP/s | SM MHz | W (limit) | flop/SM-clk (of 4096) "
+      "| mJ/GEMM | clock-event reasons |",
+      "|---" * 8 + "|",
+  ]
   for r in rows:
     lines.append(
         f"| {r['case']} | {r['contender']} | {r['tflops']:.0f} | {r['clock_mhz']:.0f} | "
         f"{r['power_w']:.0f} ({r['power_limit_w']:.0f}) | {r['flop_per_sm_clock']:.0f} "
         f"({100 * r['flop_per_sm_clock'] / DENSE_FLOP_PER_SM_CLOCK:.1f}%) | "
-        f"{r['joules_per_gemm'] * 1e3:.1f} | {', '.join(r['reasons']) or '-'} |")
+        f"{r['joules_per_gemm'] * 1e3:.1f} | {', '.join(r['reasons']) or '-'} |"
+    )
   return "\n".join(lines)
 
 
@@ -186,13 +218,18 @@ def main(argv=None):
   parser.add_argument("--shapes", default="4096x8192x4096,8192x8192x8192,4096x4096x4096")
   parser.add_argument("--seconds", type=float, default=3.0, help="length of one contender's window")
   parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--variants", default="",
-                      help="comma list of benchmarks.device_check.EXPERIMENTS to run as well")
+  parser.add_argument(
+      "--variants",
+      default="",
+      help="comma list of benchmarks.device_check.EXPERIMENTS to run as well",
+  )
   parser.add_argument("--out", default=os.environ.get("OUT"))
   args = parser.parse_args(argv)
   env = matmul.environment()
-  env["method"] = ("back-to-back calls, host wall clock per window; nvidia-smi -lms 50 "
-                   "(clocks.sm, power.draw, clocks_event_reasons.active), medians")
+  env["method"] = (
+      "back-to-back calls, host wall clock per window; nvidia-smi -lms 50 "
+      "(clocks.sm, power.draw, clocks_event_reasons.active), medians"
+  )
   print(json.dumps(env))
   if env["platform"] != "gpu":
     print("no GPU: nothing to measure (this probe reads nvidia-smi during GPU runs)")

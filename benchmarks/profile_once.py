@@ -39,9 +39,13 @@ def start_cuda_profiler() -> None:
   """`cuProfilerStart` on device 0's primary context (the one jax uses)."""
   cuda = ctypes.CDLL("libcuda.so.1")
   dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-  for call in (lambda: cuda.cuInit(0), lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0),
-               lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
-               lambda: cuda.cuCtxSetCurrent(ctx), cuda.cuProfilerStart):
+  for call in (
+      lambda: cuda.cuInit(0),
+      lambda: cuda.cuDeviceGet(ctypes.byref(dev), 0),
+      lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+      lambda: cuda.cuCtxSetCurrent(ctx),
+      cuda.cuProfilerStart,
+  ):
     status = call()
     if status:
       raise RuntimeError(f"CUDA driver call failed with status {status}")
@@ -54,7 +58,7 @@ def main(argv=None):
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--launches", type=int, default=2, help="profiled launches per contender")
   args = parser.parse_args(argv)
-  (m, n, k), = parse_shapes(args.shape)
+  ((m, n, k),) = parse_shapes(args.shape)
   case = Case(m=m, n=n, k=k, dtype=args.dtype, layout=args.layout)
   inputs = make_inputs(case, seed=0)
   fns = [(name, jax.jit(fn)) for name, fn in contenders(case)]

@@ -59,20 +59,20 @@ JAX_MGPU_CONFIGS = (
 
 CHECK_CASES = (
     # (M, N, K, group sizes, transpose_rhs)
-    (1024, 512, 256, (256, 0, 384, 128, 256), False),           # whole tiles only: no ladder
+    (1024, 512, 256, (256, 0, 384, 128, 256), False),  # whole tiles only: no ladder
     (1000, 1016, 1000, (300, 0, 0, 511, 189), False),
     (1000, 1016, 1000, (300, 0, 0, 511, 189), True),
-    (4096, 4096, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), False),   # 1079 rows past the sum
+    (4096, 4096, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), False),  # 1079 rows past the sum
     (4096, 4096, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), True),
-    (333, 136, 72, (333,), False),                              # one group, nothing aligned
+    (333, 136, 72, (333,), False),  # one group, nothing aligned
     (2048, 512, 256, (0, 2048, 0), True),
-    (200, 256, 128, (1,) * 64 + (100,), False),                 # many groups per tile
-    (1000, 256, 128, (700, 700, 5), True),                      # sum > M: cut at M
+    (200, 256, 128, (1,) * 64 + (100,), False),  # many groups per tile
+    (1000, 256, 128, (700, 700, 5), True),  # sum > M: cut at M
 )
 
 
 GRAD_CHECK_CASES = (
-    (1000, 1016, 1000, (300, 0, 0, 511, 150), False),           # 39 tail rows, an empty group
+    (1000, 1016, 1000, (300, 0, 0, 511, 150), False),  # 39 tail rows, an empty group
     (4096, 2048, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), True),
 )
 
@@ -86,8 +86,9 @@ def random_group_sizes(key, groups: int, m: int):
 def make_inputs(m, n, k, groups, transpose_rhs, seed=0, dtype=jnp.bfloat16):
   kx, ky, kz = jax.random.split(jax.random.key(seed), 3)
   lhs = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
-  rhs = jax.random.normal(ky, (groups, n, k) if transpose_rhs else (groups, k, n),
-                          jnp.float32).astype(dtype)
+  rhs = jax.random.normal(
+      ky, (groups, n, k) if transpose_rhs else (groups, k, n), jnp.float32
+  ).astype(dtype)
   return lhs, rhs, random_group_sizes(kz, groups, m)
 
 
@@ -96,12 +97,16 @@ def xla_fn(transpose_rhs):
     if transpose_rhs:
       rhs = jnp.swapaxes(rhs, 1, 2)
     return lax.ragged_dot(lhs, rhs, sizes)
+
   return jax.jit(f)
 
 
 def pallas_fn(transpose_rhs, config=None, implementation="pallas"):
-  return jax.jit(lambda lhs, rhs, sizes: ragged_dot(
-      lhs, rhs, sizes, transpose_rhs=transpose_rhs, config=config, implementation=implementation))
+  return jax.jit(
+      lambda lhs, rhs, sizes: ragged_dot(
+          lhs, rhs, sizes, transpose_rhs=transpose_rhs, config=config, implementation=implementation
+      )
+  )
 
 
 def jax_mgpu_fns(m, n, k, transpose_rhs):
@@ -111,17 +116,22 @@ def jax_mgpu_fns(m, n, k, transpose_rhs):
   for i, cfg in enumerate(JAX_MGPU_CONFIGS):
     if k % cfg["block_k"] or n % (cfg["block_n"] * cfg["grid_block_n"]):
       continue
-    fns[f"jax_mgpu[{i}]"] = jax.jit(lambda lhs, rhs, sizes, cfg=cfg: ragged_dot_mgpu.ragged_dot(
-        lhs, rhs, group_sizes=sizes, transpose_rhs=transpose_rhs, **cfg))
+    fns[f"jax_mgpu[{i}]"] = jax.jit(
+        lambda lhs, rhs, sizes, cfg=cfg: ragged_dot_mgpu.ragged_dot(
+            lhs, rhs, group_sizes=sizes, transpose_rhs=transpose_rhs, **cfg
+        )
+    )
   return fns
 
 
 def grad_fn(fn):
   """(dlhs, drhs) of `fn` for a given cotangent `dout` (the fourth argument):
   the backward alone, via jax.vjp (its forward is not timed apart)."""
+
   def f(lhs, rhs, sizes, dout):
     out, vjp = jax.vjp(lambda a, b: fn(a, b, sizes), lhs, rhs)
     return vjp(dout.astype(out.dtype))
+
   return jax.jit(f)
 
 
@@ -146,9 +156,12 @@ def check(log=print) -> bool:
   for m, n, k, sizes, t in CHECK_CASES:
     lhs, rhs, _ = make_inputs(m, n, k, len(sizes), t, seed=m + n + k)
     sizes = jnp.asarray(sizes, jnp.int32)
-    ref = lax.ragged_dot(lhs.astype(jnp.float32),
-                         (jnp.swapaxes(rhs, 1, 2) if t else rhs).astype(jnp.float32), sizes,
-                         precision=lax.Precision.HIGHEST)
+    ref = lax.ragged_dot(
+        lhs.astype(jnp.float32),
+        (jnp.swapaxes(rhs, 1, 2) if t else rhs).astype(jnp.float32),
+        sizes,
+        precision=lax.Precision.HIGHEST,
+    )
     out = pallas_fn(t)(lhs, rhs, sizes)
     err = rel_error(out, ref)
     tail = int(jnp.sum(sizes))
@@ -156,22 +169,31 @@ def check(log=print) -> bool:
     nan = bool(jnp.any(jnp.isnan(out.astype(jnp.float32))))
     good = err < 8e-3 and tail_ok and not nan
     ok &= good
-    log(f"check {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err {err:.2e} "
-        f"tail-zero={tail_ok} nan={nan} -> {'ok' if good else 'FAIL'}")
+    log(
+        f"check {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err {err:.2e} "
+        f"tail-zero={tail_ok} nan={nan} -> {'ok' if good else 'FAIL'}"
+    )
   for m, n, k, sizes, t in GRAD_CHECK_CASES:  # both backward kernels through the custom_vjp
     lhs, rhs, _ = make_inputs(m, n, k, len(sizes), t, seed=m + n + k + 1)
     sizes = jnp.asarray(sizes, jnp.int32)
     f32 = lambda lhs, rhs, s: lax.ragged_dot(
-        lhs.astype(jnp.float32), (jnp.swapaxes(rhs, 1, 2) if t else rhs).astype(jnp.float32), s,
-        precision=lax.Precision.HIGHEST)
+        lhs.astype(jnp.float32),
+        (jnp.swapaxes(rhs, 1, 2) if t else rhs).astype(jnp.float32),
+        s,
+        precision=lax.Precision.HIGHEST,
+    )
     dout = make_cotangent(m, n)
     want = grad_fn(f32)(lhs, rhs, sizes, dout)
     got = grad_fn(pallas_fn(t))(lhs, rhs, sizes, dout)
     errs = [rel_error(g, w) for g, w in zip(got, want)]
-    good = max(errs) < 8e-3 and not any(bool(jnp.any(jnp.isnan(g.astype(jnp.float32)))) for g in got)
+    good = max(errs) < 8e-3 and not any(
+        bool(jnp.any(jnp.isnan(g.astype(jnp.float32)))) for g in got
+    )
     ok &= good
-    log(f"check grad {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err dlhs "
-        f"{errs[0]:.2e} drhs {errs[1]:.2e} -> {'ok' if good else 'FAIL'}")
+    log(
+        f"check grad {m}x{n}x{k} G={len(sizes)} rhs={'NK' if t else 'KN'}: rel.err dlhs "
+        f"{errs[0]:.2e} drhs {errs[1]:.2e} -> {'ok' if good else 'FAIL'}"
+    )
   return ok
 
 
@@ -179,16 +201,19 @@ def run_case(m, n, k, groups, transpose_rhs, *, rounds, iterations, grad=False, 
   """Forward (all contenders) or, with `grad`, the backward (dlhs + drhs: our two
   kernels via ragged_dot's custom_vjp vs XLA's ragged_dot transpose rules)."""
   lhs, rhs, sizes = make_inputs(m, n, k, groups, transpose_rhs)
-  label = (f"{m}x{n}x{k} G={groups} bf16 rhs={'NK' if transpose_rhs else 'KN'}"
-           + (" backward" if grad else ""))
+  label = f"{m}x{n}x{k} G={groups} bf16 rhs={'NK' if transpose_rhs else 'KN'}" + (
+      " backward" if grad else ""
+  )
   log(f"{label}: group sizes {np.asarray(sizes).tolist()}")
   if grad:
     fns = {"pallas_gemm": grad_fn(pallas_fn(transpose_rhs)), "xla": grad_fn(xla_fn(transpose_rhs))}
   else:
-    fns = {"pallas_gemm": pallas_fn(transpose_rhs),
-           **{f"pallas_best[{i}]": pallas_fn(transpose_rhs, c) for i, c in enumerate(PALLAS_CONFIGS)},
-           **jax_mgpu_fns(m, n, k, transpose_rhs),
-           "xla": xla_fn(transpose_rhs)}
+    fns = {
+        "pallas_gemm": pallas_fn(transpose_rhs),
+        **{f"pallas_best[{i}]": pallas_fn(transpose_rhs, c) for i, c in enumerate(PALLAS_CONFIGS)},
+        **jax_mgpu_fns(m, n, k, transpose_rhs),
+        "xla": xla_fn(transpose_rhs),
+    }
   args = (lhs, rhs, sizes, make_cotangent(m, n)) if grad else (lhs, rhs, sizes)
   ref = fns["xla"](*args)
   errors = {}
@@ -220,11 +245,25 @@ def run_case(m, n, k, groups, transpose_rhs, *, rounds, iterations, grad=False, 
   rows = []
   for name, times in samples.items():
     med = statistics.median(times)
-    rows.append(dict(case=label, m=m, n=n, k=k, groups=groups, transpose_rhs=transpose_rhs,
-                     contender=name.split("[")[0], variant=name, median_ms=med, min_ms=min(times),
-                     max_ms=max(times), samples=len(times), tflops=flops / (med * 1e-3) / 1e12,
-                     pct_peak=100 * flops / (med * 1e-3) / 1e12 / PEAK_TFLOPS["bfloat16"],
-                     group_sizes=np.asarray(sizes).tolist()))
+    rows.append(
+        dict(
+            case=label,
+            m=m,
+            n=n,
+            k=k,
+            groups=groups,
+            transpose_rhs=transpose_rhs,
+            contender=name.split("[")[0],
+            variant=name,
+            median_ms=med,
+            min_ms=min(times),
+            max_ms=max(times),
+            samples=len(times),
+            tflops=flops / (med * 1e-3) / 1e12,
+            pct_peak=100 * flops / (med * 1e-3) / 1e12 / PEAK_TFLOPS["bfloat16"],
+            group_sizes=np.asarray(sizes).tolist(),
+        )
+    )
     log(f"{label} {name:16s} {med:8.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s")
   for name, err in errors.items():
     rows.append(dict(case=label, contender=name.split("[")[0], variant=name, error=err))
@@ -239,17 +278,28 @@ def format_table(rows) -> str:
   for row in rows:
     if "error" not in row:
       by_case.setdefault(row["case"], {})[row["contender"]] = row
-  lines = ["| case | " + " | ".join(f"{c} ms (TFLOP/s)" for c in names)
-           + " | best/jax_mgpu | best/xla | variant |", "|---" * (len(names) + 4) + "|"]
+  lines = [
+      "| case | "
+      + " | ".join(f"{c} ms (TFLOP/s)" for c in names)
+      + " | best/jax_mgpu | best/xla | variant |",
+      "|---" * (len(names) + 4) + "|",
+  ]
   for case, cont in by_case.items():
-    cells = [f"{cont[c]['median_ms']:.3f} ({cont[c]['tflops']:.0f})" if c in cont else "—"
-             for c in names]
-    ours = min((cont[c] for c in ("pallas_gemm", "pallas_best") if c in cont),
-               key=lambda r: r["median_ms"], default=None)
-    ratio = lambda other: (f"{cont[other]['median_ms'] / ours['median_ms']:.2f}x"
-                           if ours and other in cont else "—")
-    lines.append(f"| {case} | " + " | ".join(cells) + f" | {ratio('jax_mgpu')} | {ratio('xla')} | "
-                 f"{ours['variant'] if ours else '—'} |")
+    cells = [
+        f"{cont[c]['median_ms']:.3f} ({cont[c]['tflops']:.0f})" if c in cont else "—" for c in names
+    ]
+    ours = min(
+        (cont[c] for c in ("pallas_gemm", "pallas_best") if c in cont),
+        key=lambda r: r["median_ms"],
+        default=None,
+    )
+    ratio = lambda other: (
+        f"{cont[other]['median_ms'] / ours['median_ms']:.2f}x" if ours and other in cont else "—"
+    )
+    lines.append(
+        f"| {case} | " + " | ".join(cells) + f" | {ratio('jax_mgpu')} | {ratio('xla')} | "
+        f"{ours['variant'] if ours else '—'} |"
+    )
   return "\n".join(lines)
 
 
@@ -269,8 +319,10 @@ def main(argv=None):
   if env["platform"] != "gpu":
     print("no GPU: one small case in interpret mode (arithmetic only, no timings)")
     lhs, rhs, sizes = make_inputs(300, 256, 128, 4, False)
-    err = rel_error(pallas_fn(False, implementation="interpret")(lhs, rhs, sizes),
-                    xla_fn(False)(lhs, rhs, sizes))
+    err = rel_error(
+        pallas_fn(False, implementation="interpret")(lhs, rhs, sizes),
+        xla_fn(False)(lhs, rhs, sizes),
+    )
     print(f"interpret-mode relative error vs XLA: {err:.2e}")
     return 0 if err < 1e-2 else 1
   ok = True if args.no_check else check()
@@ -278,8 +330,16 @@ def main(argv=None):
   for m, n, k in parse_shapes(args.shapes):
     for layout in args.layouts.split(","):
       for grad in (False,) if args.no_grad else (False, True):
-        rows += run_case(m, n, k, args.groups, layout == "T", rounds=args.rounds,
-                         iterations=args.iterations, grad=grad)
+        rows += run_case(
+            m,
+            n,
+            k,
+            args.groups,
+            layout == "T",
+            rounds=args.rounds,
+            iterations=args.iterations,
+            grad=grad,
+        )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ragged_dot.json"), "w") as f:

@@ -22,37 +22,37 @@ import numpy as np
 
 
 def flops(problem) -> int:
-    """2 * batch * M * N * K (`GemmProblem.flops`; here beside `min_bytes`)."""
-    return problem.flops
+  """2 * batch * M * N * K (`GemmProblem.flops`; here beside `min_bytes`)."""
+  return problem.flops
 
 
 def min_bytes(problem) -> int:
-    """Bytes a GEMM must move at least: read A, B (and c, bias), write the output."""
-    in_bytes = np.dtype(problem.dtype).itemsize
-    out_bytes = np.dtype(problem.out_dtype).itemsize
-    m, n, k = problem.m, problem.n, problem.k
-    total = problem.batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
-    if problem.has_c:
-        total += problem.batch * m * n * out_bytes
-    if problem.has_bias:
-        total += n * 4
-    return total
+  """Bytes a GEMM must move at least: read A, B (and c, bias), write the output."""
+  in_bytes = np.dtype(problem.dtype).itemsize
+  out_bytes = np.dtype(problem.out_dtype).itemsize
+  m, n, k = problem.m, problem.n, problem.k
+  total = problem.batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
+  if problem.has_c:
+    total += problem.batch * m * n * out_bytes
+  if problem.has_bias:
+    total += n * 4
+  return total
 
 
 @dataclasses.dataclass(frozen=True)
 class Roofline:
-    """A machine's peak compute (FLOP/s) and memory bandwidth (bytes/s)."""
+  """A machine's peak compute (FLOP/s) and memory bandwidth (bytes/s)."""
 
-    peak_flops: float
-    bandwidth: float
+  peak_flops: float
+  bandwidth: float
 
-    def seconds(self, problem) -> float:
-        """The roofline time: max(compute time, memory time)."""
-        return max(flops(problem) / self.peak_flops, min_bytes(problem) / self.bandwidth)
+  def seconds(self, problem) -> float:
+    """The roofline time: max(compute time, memory time)."""
+    return max(flops(problem) / self.peak_flops, min_bytes(problem) / self.bandwidth)
 
-    def tflops(self, problem) -> float:
-        """The best TFLOP/s the roofline allows: min(peak, intensity * bandwidth)."""
-        return flops(problem) / self.seconds(problem) / 1e12
+  def tflops(self, problem) -> float:
+    """The best TFLOP/s the roofline allows: min(peak, intensity * bandwidth)."""
+    return flops(problem) / self.seconds(problem) / 1e12
 
 
 H100_SXM = Roofline(peak_flops=989e12, bandwidth=3.35e12)

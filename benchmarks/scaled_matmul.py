@@ -75,33 +75,107 @@ def checks() -> list[Check]:
   ping = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, tile_k=128, stages=4)
   return [
       Check("per-tensor bf16 1000x1016x1024", 1000, 1016, 1024),
-      Check("row+col bias+gelu amax 1000x1016x1024", 1000, 1016, 1024, a_scale="row",
-            b_scale="col", bias=True, activation="gelu_tanh", amax=True),
-      Check("row+col e4m3 out_scale amax 1000x1016x1024", 1000, 1016, 1024, E4M3, "row", "col",
-            out_scale=4.0, amax=True),
-      Check("e5m2 e5m2-out amax 520x1000x1024", 520, 1000, 1024, E5M2, a_dtype=E5M2,
-            b_dtype=E5M2, out_scale=0.5, amax=True),
-      Check("batched f32 col amax 2x3x100x264x256", 100, 264, 256, "float32", b_scale="col",
-            amax=True, lead=(2, 3)),
-      Check("B (K,N) row bias 1000x1016x1024", 1000, 1016, 1024, a_scale="row", bias=True,
-            transpose_b=False),
+      Check(
+          "row+col bias+gelu amax 1000x1016x1024",
+          1000,
+          1016,
+          1024,
+          a_scale="row",
+          b_scale="col",
+          bias=True,
+          activation="gelu_tanh",
+          amax=True,
+      ),
+      Check(
+          "row+col e4m3 out_scale amax 1000x1016x1024",
+          1000,
+          1016,
+          1024,
+          E4M3,
+          "row",
+          "col",
+          out_scale=4.0,
+          amax=True,
+      ),
+      Check(
+          "e5m2 e5m2-out amax 520x1000x1024",
+          520,
+          1000,
+          1024,
+          E5M2,
+          a_dtype=E5M2,
+          b_dtype=E5M2,
+          out_scale=0.5,
+          amax=True,
+      ),
+      Check(
+          "batched f32 col amax 2x3x100x264x256",
+          100,
+          264,
+          256,
+          "float32",
+          b_scale="col",
+          amax=True,
+          lead=(2, 3),
+      ),
+      Check(
+          "B (K,N) row bias 1000x1016x1024",
+          1000,
+          1016,
+          1024,
+          a_scale="row",
+          bias=True,
+          transpose_b=False,
+      ),
       # amax masking: N=136 leaves a ragged column tile whose padding would read sigmoid(0)=0.5.
-      Check("sigmoid amax masked N=136 200x136x256", 200, 136, 256, bias=True, bias_shift=-8.0,
-            activation="sigmoid", amax=True),
+      Check(
+          "sigmoid amax masked N=136 200x136x256",
+          200,
+          136,
+          256,
+          bias=True,
+          bias_shift=-8.0,
+          activation="sigmoid",
+          amax=True,
+      ),
       Check("narrow N=64 amax 256x64x512", 256, 64, 512, amax=True, b_scale="col"),
-      Check("pingpong amax 1000x1016x1024", 1000, 1016, 1024, bias=True, activation="relu",
-            amax=True, config=ping),
-      Check("split-n cluster12 amax 1000x1016x1024", 1000, 1016, 1024, b_scale="col", amax=True,
-            config=GemmConfig(wg_split="n", cluster=(1, 2), tile_k=128, stages=3)),
+      Check(
+          "pingpong amax 1000x1016x1024",
+          1000,
+          1016,
+          1024,
+          bias=True,
+          activation="relu",
+          amax=True,
+          config=ping,
+      ),
+      Check(
+          "split-n cluster12 amax 1000x1016x1024",
+          1000,
+          1016,
+          1024,
+          b_scale="col",
+          amax=True,
+          config=GemmConfig(wg_split="n", cluster=(1, 2), tile_k=128, stages=3),
+      ),
       Check("e4m3 x e5m2 amax 1000x1016x1024", 1000, 1016, 1024, b_dtype=E5M2, amax=True),
       # Fp8Linear(backward="e5m2"): dx = dy(e5m2) . W(e4m3), dW = x^T(e4m3) . dy^T(e5m2), f32 out.
       Check("e5m2 x e4m3 (dx-like) 1000x1016x1024", 1000, 1016, 1024, a_dtype=E5M2),
-      Check("e4m3 x e5m2 f32 (dW-like) 1016x1024x1000", 1016, 1024, 1000, "float32",
-            b_dtype=E5M2),
-      Check("8192^3 bias+gelu amax", 8192, 8192, 8192, bias=True, activation="gelu_tanh",
-            amax=True),
-      Check("8192^3 e4m3 out_scale amax", 8192, 8192, 8192, E4M3, bias=True,
-            activation="gelu_tanh", out_scale=8.0, amax=True),
+      Check("e4m3 x e5m2 f32 (dW-like) 1016x1024x1000", 1016, 1024, 1000, "float32", b_dtype=E5M2),
+      Check(
+          "8192^3 bias+gelu amax", 8192, 8192, 8192, bias=True, activation="gelu_tanh", amax=True
+      ),
+      Check(
+          "8192^3 e4m3 out_scale amax",
+          8192,
+          8192,
+          8192,
+          E4M3,
+          bias=True,
+          activation="gelu_tanh",
+          out_scale=8.0,
+          amax=True,
+      ),
   ]
 
 
@@ -110,29 +184,47 @@ def _inputs(check: Check, seed: int):
   a = jax.random.normal(keys[0], (*check.lead, check.m, check.k), jnp.float32).astype(check.a_dtype)
   b_shape = (check.n, check.k) if check.transpose_b else (check.k, check.n)
   b = jax.random.normal(keys[1], b_shape, jnp.float32).astype(check.b_dtype)
-  a_scale = jax.random.uniform(keys[2], (check.m,) if check.a_scale == "row" else (), minval=0.5,
-                               maxval=2.0)
-  b_scale = jax.random.uniform(keys[3], (check.n,) if check.b_scale == "col" else (), minval=0.5,
-                               maxval=2.0)
+  a_scale = jax.random.uniform(
+      keys[2], (check.m,) if check.a_scale == "row" else (), minval=0.5, maxval=2.0
+  )
+  b_scale = jax.random.uniform(
+      keys[3], (check.n,) if check.b_scale == "col" else (), minval=0.5, maxval=2.0
+  )
   bias = (jax.random.normal(keys[4], (check.n,)) + check.bias_shift) if check.bias else None
   out_scale = None if check.out_scale is None else jnp.float32(check.out_scale)
   return a, b, a_scale, b_scale, bias, out_scale
 
 
 def _fn(check: Check, implementation="pallas"):
-  return jax.jit(lambda a, b, sa, sb, bias, so: scaled_matmul(
-      a, b, sa, sb, out_dtype=check.out_dtype, bias=bias, activation=check.activation,
-      out_scale=so, return_amax=check.amax, transpose_b=check.transpose_b, config=check.config,
-      implementation=implementation))
+  return jax.jit(
+      lambda a, b, sa, sb, bias, so: scaled_matmul(
+          a,
+          b,
+          sa,
+          sb,
+          out_dtype=check.out_dtype,
+          bias=bias,
+          activation=check.activation,
+          out_scale=so,
+          return_amax=check.amax,
+          transpose_b=check.transpose_b,
+          config=check.config,
+          implementation=implementation,
+      )
+  )
 
 
 def _reference(check: Check, a, b, a_scale, b_scale, bias):
   """float64 (f32 on the GPU for big shapes) y before output scaling."""
   if 2 * check.m * check.n * check.k > 2**31:
-    f = jax.jit(lambda a, b: jax.lax.dot_general(
-        a.astype(jnp.float32), b.astype(jnp.float32),
-        (((a.ndim - 1,), (1 if check.transpose_b else 0,)), ((), ())),
-        precision=jax.lax.Precision.HIGHEST))
+    f = jax.jit(
+        lambda a, b: jax.lax.dot_general(
+            a.astype(jnp.float32),
+            b.astype(jnp.float32),
+            (((a.ndim - 1,), (1 if check.transpose_b else 0,)), ((), ())),
+            precision=jax.lax.Precision.HIGHEST,
+        )
+    )
     acc = np.asarray(f(a, b), np.float64)
   else:
     a64 = np.asarray(a.astype(jnp.float32), np.float64)
@@ -190,6 +282,7 @@ def correctness(log, export_only=False) -> list[dict]:
   for i, check in enumerate(checks()):
     if check.a_dtype != check.b_dtype:
       from pallas_gemm import _compat
+
       if not _compat.SUPPORTS_MIXED_FP8:
         log(f"SKIP {check.name}: mixed fp8 needs jax >= 0.11")
         continue
@@ -205,8 +298,10 @@ def correctness(log, export_only=False) -> list[dict]:
 
 # -- timing --------------------------------------------------------------------------------
 def timing_cases(shape=(8192, 8192, 8192)) -> list[harness.Case]:
-  return [harness.Case(*shape, E4M3, "NT", epilogue=e)
-          for e in ("scale", "bias_gelu_amax", "fp8out_amax")]
+  return [
+      harness.Case(*shape, E4M3, "NT", epilogue=e)
+      for e in ("scale", "bias_gelu_amax", "fp8out_amax")
+  ]
 
 
 SCALES = (jnp.float32(0.75), jnp.float32(1.25), jnp.float32(64.0))
@@ -230,18 +325,24 @@ def xla_fns(case: harness.Case) -> dict:
 
   def dot_then(preferred):
     return lambda a, b, bias, sa, sb, so: _epilogue_xla(
-        case, jax.lax.dot_general(a, b, dims, preferred_element_type=preferred),
-        sa, sb, bias, so)
+        case, jax.lax.dot_general(a, b, dims, preferred_element_type=preferred), sa, sb, bias, so
+    )
 
   def dequantize_then_dot(a, b, bias, sa, sb, so):
     # The scaled-fp8 pattern of XLA's GEMM rewriter: convert, scale, dot.
-    acc = jax.lax.dot_general(a.astype(jnp.bfloat16) * sa.astype(jnp.bfloat16),
-                              b.astype(jnp.bfloat16) * sb.astype(jnp.bfloat16), dims,
-                              preferred_element_type=jnp.float32)
+    acc = jax.lax.dot_general(
+        a.astype(jnp.bfloat16) * sa.astype(jnp.bfloat16),
+        b.astype(jnp.bfloat16) * sb.astype(jnp.bfloat16),
+        dims,
+        preferred_element_type=jnp.float32,
+    )
     return _epilogue_xla(case, acc, jnp.float32(1), jnp.float32(1), bias, so)
 
-  fns = {"xla[dot-f32]": dot_then(jnp.float32), "xla[dot-bf16]": dot_then(jnp.bfloat16),
-         "xla[dequant-dot]": dequantize_then_dot}
+  fns = {
+      "xla[dot-f32]": dot_then(jnp.float32),
+      "xla[dot-bf16]": dot_then(jnp.bfloat16),
+      "xla[dequant-dot]": dequantize_then_dot,
+  }
   return {name: _bind(jax.jit(f)) for name, f in fns.items()}
 
 
@@ -250,18 +351,27 @@ def pallas_fns(case: harness.Case, implementation="pallas") -> dict:
     def f(a, b, bias, sa, sb, so):
       fp8_out = case.epilogue == "fp8out_amax"
       return scaled_matmul(
-          a, b, sa, sb, out_dtype=E4M3 if fp8_out else jnp.bfloat16,
+          a,
+          b,
+          sa,
+          sb,
+          out_dtype=E4M3 if fp8_out else jnp.bfloat16,
           bias=None if case.epilogue == "scale" else bias,
           activation=None if case.epilogue == "scale" else "gelu_tanh",
-          out_scale=so if fp8_out else None, return_amax=case.epilogue != "scale",
-          config=config, implementation=implementation)
+          out_scale=so if fp8_out else None,
+          return_amax=case.epilogue != "scale",
+          config=config,
+          implementation=implementation,
+      )
+
     return _bind(jax.jit(f))
 
   fns = {"pallas_gemm": make(None)}
   if case.epilogue == "bias_gelu_amax":
     # bf16 out + bias + amax buffers leave 3 stages by default; 4 with narrower epilogue tiles:
-    fns["pallas_best[s4-epi64x32]"] = make(GemmConfig(tile_k=128, stages=4, cluster=(2, 1),
-                                                      epilogue_tile=(64, 32)))
+    fns["pallas_best[s4-epi64x32]"] = make(
+        GemmConfig(tile_k=128, stages=4, cluster=(2, 1), epilogue_tile=(64, 32))
+    )
     fns["pallas_best[s3]"] = make(GemmConfig(tile_k=128, stages=3, cluster=(2, 1)))
   return fns
 
@@ -272,8 +382,13 @@ def _bind(fn):
 
 
 def timing(log) -> list[dict]:
-  return harness.run_cases(timing_cases(), lambda case: {**pallas_fns(case), **xla_fns(case)},
-                           rounds=3, iterations=10, log=log)
+  return harness.run_cases(
+      timing_cases(),
+      lambda case: {**pallas_fns(case), **xla_fns(case)},
+      rounds=3,
+      iterations=10,
+      log=log,
+  )
 
 
 def target_lines(rows) -> list[str]:
@@ -285,17 +400,22 @@ def target_lines(rows) -> list[str]:
     ratio = got["xla"]["median_ms"] / got["pallas_gemm"]["median_ms"]
     best = min((r["median_ms"] for c, r in got.items() if c.startswith("pallas")))
     target = TARGETS.get(case.epilogue)
-    verdict = "" if target is None else (
-        f"target >= {target}: {'met' if ratio >= target else 'NOT met'}")
-    lines.append(f"{case.epilogue:16s} default {ratio:.3f}x XLA (best config "
-                 f"{got['xla']['median_ms'] / best:.3f}x) {verdict}")
+    verdict = (
+        "" if target is None else (f"target >= {target}: {'met' if ratio >= target else 'NOT met'}")
+    )
+    lines.append(
+        f"{case.epilogue:16s} default {ratio:.3f}x XLA (best config "
+        f"{got['xla']['median_ms'] / best:.3f}x) {verdict}"
+    )
   return lines
 
 
 def dry_run(log) -> int:
   """No GPU: export every kernel for CUDA; run the XLA contenders small on the CPU."""
-  log("no GPU: lowering every case for CUDA (jax.export) and running the XLA contenders at "
-      "256x512x256 on the CPU; no timings")
+  log(
+      "no GPU: lowering every case for CUDA (jax.export) and running the XLA contenders at "
+      "256x512x256 on the CPU; no timings"
+  )
   results = correctness(log, export_only=True)
   for case in timing_cases():
     a = jax.ShapeDtypeStruct((case.m, case.k), E4M3)
@@ -333,8 +453,10 @@ def main(argv=None):
     json.dump(results, f, indent=1)
   if "correctness" in results:
     bad = [r["name"] for r in results["correctness"] if not r["ok"]]
-    log(f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} "
-        "passed" + (f"; FAILED: {bad}" if bad else ""))
+    log(
+        f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} "
+        "passed" + (f"; FAILED: {bad}" if bad else "")
+    )
   if "timing" in results:
     log(f"{env['device']}, jax {env['jax']}, {env['method']}")
     log(harness.format_table(results["timing"], others=("xla",)))

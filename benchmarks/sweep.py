@@ -58,7 +58,9 @@ def parse_m_values(text: str | None, sweep: str) -> tuple[int, ...] | None:
   try:
     return tuple(int(v) for v in text.split(",") if v)
   except ValueError:
-    raise ValueError(f"--m-values must be 'all' or comma-separated integers, got {text!r}") from None
+    raise ValueError(
+        f"--m-values must be 'all' or comma-separated integers, got {text!r}"
+    ) from None
 
 
 def shape_case(shape: shapes_lib.Shape):
@@ -66,10 +68,13 @@ def shape_case(shape: shapes_lib.Shape):
   from benchmarks.matmul import Case
 
   if shape.epilogue not in EPILOGUES:
-    raise ValueError(f"{shape.label}: epilogue {shape.epilogue!r} is not timed by the harness "
-                     f"(known: {[e for e in EPILOGUES if e]})")
-  return Case(shape.m, shape.n, shape.k, shape.dtype, shape.layout, EPILOGUES[shape.epilogue],
-              shape.batch)
+    raise ValueError(
+        f"{shape.label}: epilogue {shape.epilogue!r} is not timed by the harness "
+        f"(known: {[e for e in EPILOGUES if e]})"
+    )
+  return Case(
+      shape.m, shape.n, shape.k, shape.dtype, shape.layout, EPILOGUES[shape.epilogue], shape.batch
+  )
 
 
 def sweep_cases(name: str, m_values=None, max_shapes: int | None = None):
@@ -102,8 +107,9 @@ def case_config(case):
   return tuning_cache.lookup_config(problem, activation) or default_config(problem)
 
 
-def summarize(cases, rows, *, roofline: Roofline = H100_SXM, ours="pallas_gemm", other="xla",
-              configs=None) -> list[dict]:
+def summarize(
+    cases, rows, *, roofline: Roofline = H100_SXM, ours="pallas_gemm", other="xla", configs=None
+) -> list[dict]:
   """One dict per case that both contenders ran (see the module docstring).
 
   >>> from benchmarks.matmul import Case
@@ -126,14 +132,22 @@ def summarize(cases, rows, *, roofline: Roofline = H100_SXM, ours="pallas_gemm",
     problem, _ = case_problem(case)
     bound_s = roofline.seconds(problem)
     memory = min_bytes(problem) / roofline.bandwidth >= problem.flops / roofline.peak_flops
-    s = dict(case=case.label, m=case.m, n=case.n, k=case.k, bound="memory" if memory else "compute",
-             roofline_us=bound_s * 1e6, us=got[ours] * 1e3, xla_us=got[other] * 1e3,
-             speedup=got[other] / got[ours],
-             tflops=problem.flops / (got[ours] * 1e-3) / 1e12,
-             xla_tflops=problem.flops / (got[other] * 1e-3) / 1e12,
-             gbs=min_bytes(problem) / (got[ours] * 1e-3) / 1e9,
-             pct_roofline=100 * bound_s / (got[ours] * 1e-3),
-             xla_pct_roofline=100 * bound_s / (got[other] * 1e-3))
+    s = dict(
+        case=case.label,
+        m=case.m,
+        n=case.n,
+        k=case.k,
+        bound="memory" if memory else "compute",
+        roofline_us=bound_s * 1e6,
+        us=got[ours] * 1e3,
+        xla_us=got[other] * 1e3,
+        speedup=got[other] / got[ours],
+        tflops=problem.flops / (got[ours] * 1e-3) / 1e12,
+        xla_tflops=problem.flops / (got[other] * 1e-3) / 1e12,
+        gbs=min_bytes(problem) / (got[ours] * 1e-3) / 1e9,
+        pct_roofline=100 * bound_s / (got[ours] * 1e-3),
+        xla_pct_roofline=100 * bound_s / (got[other] * 1e-3),
+    )
     if configs is not None:
       s["config"] = configs[i]
     for name, ms in got.items():
@@ -145,29 +159,39 @@ def summarize(cases, rows, *, roofline: Roofline = H100_SXM, ours="pallas_gemm",
 
 def format_summary(name: str, summary: list[dict]) -> str:
   """The table and the per-sweep lines printed last (plain text, fixed width)."""
-  extra = sorted({k for s in summary for k in s if k.endswith("_us")} - {"roofline_us", "us", "xla_us"})
-  head = (f"{'shape':34s} {'bound':7s} {'pallas us':>10s} {'xla us':>10s} {'speedup':>7s} "
-          f"{'TFLOP/s':>8s} {'GB/s':>7s} {'%roof':>6s} {'xla%roof':>8s}"
-          + "".join(f" {k:>16s}" for k in extra) + "  config")
+  extra = sorted(
+      {k for s in summary for k in s if k.endswith("_us")} - {"roofline_us", "us", "xla_us"}
+  )
+  head = (
+      f"{'shape':34s} {'bound':7s} {'pallas us':>10s} {'xla us':>10s} {'speedup':>7s} "
+      f"{'TFLOP/s':>8s} {'GB/s':>7s} {'%roof':>6s} {'xla%roof':>8s}"
+      + "".join(f" {k:>16s}" for k in extra)
+      + "  config"
+  )
   lines = [head]
   for s in summary:
-    lines.append(f"{s['case']:34s} {s['bound']:7s} {s['us']:10.1f} {s['xla_us']:10.1f} "
-                 f"{s['speedup']:7.3f} {s['tflops']:8.1f} {s['gbs']:7.0f} {s['pct_roofline']:6.1f} "
-                 f"{s['xla_pct_roofline']:8.1f}"
-                 + "".join(f" {s[k]:16.1f}" if k in s else f" {'-':>16s}" for k in extra)
-                 + f"  {s.get('config', '')}")
+    lines.append(
+        f"{s['case']:34s} {s['bound']:7s} {s['us']:10.1f} {s['xla_us']:10.1f} "
+        f"{s['speedup']:7.3f} {s['tflops']:8.1f} {s['gbs']:7.0f} {s['pct_roofline']:6.1f} "
+        f"{s['xla_pct_roofline']:8.1f}"
+        + "".join(f" {s[k]:16.1f}" if k in s else f" {'-':>16s}" for k in extra)
+        + f"  {s.get('config', '')}"
+    )
   if not summary:
     return head + f"\nsweep {name}: no shape ran on both contenders"
   worst = min(summary, key=lambda s: s["speedup"])
   lines.append(
       f"sweep {name}: {len(summary)} shapes, geomean speedup over jnp.dot "
       f"{geomean(s['speedup'] for s in summary):.3f}, worst {worst['speedup']:.3f} "
-      f"({worst['case']}), {sum(s['speedup'] < 0.9 for s in summary)} below 0.9")
+      f"({worst['case']}), {sum(s['speedup'] < 0.9 for s in summary)} below 0.9"
+  )
   decode = [s["pct_roofline"] for s in summary if s["m"] <= DECODE_MAX_M and s["bound"] == "memory"]
   if decode:
-    lines.append(f"sweep {name}: decode (M <= {DECODE_MAX_M}) % of the memory roofline: min "
-                 f"{min(decode):.1f}, median {statistics.median(decode):.1f} ({len(decode)} shapes; "
-                 f"target >= 85)")
+    lines.append(
+        f"sweep {name}: decode (M <= {DECODE_MAX_M}) % of the memory roofline: min "
+        f"{min(decode):.1f}, median {statistics.median(decode):.1f} ({len(decode)} shapes; "
+        f"target >= 85)"
+    )
   return "\n".join(lines)
 
 
@@ -176,16 +200,26 @@ def plan(name: str, cases) -> str:
   from pallas_gemm import split_k
   from pallas_gemm.tune import describe
 
-  lines = [f"sweep {name}: {len(cases)} shapes (no GPU: the plan only; the configs are what "
-           "matmul would run here)",
-           f"{'shape':34s} {'roofline us':>11s} {'model us':>9s}  config"]
+  lines = [
+      f"sweep {name}: {len(cases)} shapes (no GPU: the plan only; the configs are what "
+      "matmul would run here)",
+      f"{'shape':34s} {'roofline us':>11s} {'model us':>9s}  config",
+  ]
   for case in cases:
     problem, _ = case_problem(case)
     cfg = case_config(case)
-    model = split_k.estimate(problem, cfg.split_k, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                             tile_k=cfg.tile_k, stages=cfg.stages)
-    lines.append(f"{case.label:34s} {H100_SXM.seconds(problem) * 1e6:11.1f} "
-                 f"{model.seconds * 1e6:9.1f}  {describe(cfg)}")
+    model = split_k.estimate(
+        problem,
+        cfg.split_k,
+        tile_m=cfg.tile_m,
+        tile_n=cfg.tile_n,
+        tile_k=cfg.tile_k,
+        stages=cfg.stages,
+    )
+    lines.append(
+        f"{case.label:34s} {H100_SXM.seconds(problem) * 1e6:11.1f} "
+        f"{model.seconds * 1e6:9.1f}  {describe(cfg)}"
+    )
   return "\n".join(lines)
 
 
@@ -206,13 +240,19 @@ def other_split(case, config):
   problem, _ = case_problem(case)
   if config.split_k > 1:
     return dataclasses.replace(config, split_k=1)
-  best = split_k.best_split(problem, tile_m=config.tile_m, tile_n=config.tile_n,
-                            tile_k=config.tile_k, stages=config.stages)
+  best = split_k.best_split(
+      problem,
+      tile_m=config.tile_m,
+      tile_n=config.tile_n,
+      tile_k=config.tile_k,
+      stages=config.stages,
+  )
   if best is None:
     return None
   for stages in range(config.stages, 1, -1):
-    candidate = dataclasses.replace(config, split_k=best.split_k, stages=stages,
-                                    epilogue_tile=PARTIAL_EPILOGUE_TILE)
+    candidate = dataclasses.replace(
+        config, split_k=best.split_k, stages=stages, epilogue_tile=PARTIAL_EPILOGUE_TILE
+    )
     try:
       candidate.validate(problem)
     except ValueError:
@@ -246,9 +286,19 @@ def routed(case) -> str | None:
   return f"xla ({why})" if implementation == "xla" else None
 
 
-def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, budget_s: float,
-        compare_split: bool = False, compare_table: str | None = None, l2: str = "cold",
-        log=print) -> tuple[list[dict], list[dict]]:
+def run(
+    name: str,
+    cases,
+    *,
+    out_dir: str | None,
+    rounds: int,
+    iterations: int,
+    budget_s: float,
+    compare_split: bool = False,
+    compare_table: str | None = None,
+    l2: str = "cold",
+    log=print,
+) -> tuple[list[dict], list[dict]]:
   """Times the cases on the GPU (until `budget_s` has passed; the rest are
   skipped and said so); writes `sweep_NAME.json` and `.png` under `out_dir`.
   Contender `pallas_gemm` is the default a user gets (`implementation="auto"`): where
@@ -273,8 +323,10 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
     alts = [table_config(c, compare_table) if compare_table else None for c in cases]
 
   def contenders(case):
-    fns = {"pallas_gemm": harness.pallas_fn(case, implementation="auto"),
-           "xla": harness.xla_fn(case)}
+    fns = {
+        "pallas_gemm": harness.pallas_fn(case, implementation="auto"),
+        "xla": harness.xla_fn(case),
+    }
     alt = alts[cases.index(case)]
     if alt is not None:
       fns["pallas_alt"] = harness.pallas_fn(case, alt)
@@ -284,18 +336,32 @@ def run(name: str, cases, *, out_dir: str | None, rounds: int, iterations: int, 
   for case in cases:
     if time.monotonic() - start > budget_s:
       break
-    rows += harness.run_cases([case], contenders, rounds=rounds, iterations=iterations, l2=l2,
-                              log=log)
+    rows += harness.run_cases(
+        [case], contenders, rounds=rounds, iterations=iterations, l2=l2, log=log
+    )
     done += 1
   if done < len(cases):
-    log(f"sweep {name}: time budget of {budget_s:.0f} s spent; skipped the last "
-        f"{len(cases) - done} of {len(cases)} shapes")
-  described = [(routed(case) or describe(c)) + (f" (alt: {describe(a)})" if a else "")
-               for case, c, a in zip(cases[:done], configs[:done], alts[:done])]
+    log(
+        f"sweep {name}: time budget of {budget_s:.0f} s spent; skipped the last "
+        f"{len(cases) - done} of {len(cases)} shapes"
+    )
+  described = [
+      (routed(case) or describe(c)) + (f" (alt: {describe(a)})" if a else "")
+      for case, c, a in zip(cases[:done], configs[:done], alts[:done])
+  ]
   summary = summarize(cases[:done], rows, configs=described)
   if out_dir:
-    harness.write_json(out_dir, f"sweep_{name}.json", environment=harness.environment(l2),
-                       sweep=name, rows=rows, summary=summary)
-    plot.plot_rows(rows, os.path.join(out_dir, f"sweep_{name}.png"),
-                   title=f"sweep {name}: pallas_gemm vs jnp.dot (H100, bf16)")
+    harness.write_json(
+        out_dir,
+        f"sweep_{name}.json",
+        environment=harness.environment(l2),
+        sweep=name,
+        rows=rows,
+        summary=summary,
+    )
+    plot.plot_rows(
+        rows,
+        os.path.join(out_dir, f"sweep_{name}.png"),
+        title=f"sweep {name}: pallas_gemm vs jnp.dot (H100, bf16)",
+    )
   return rows, summary

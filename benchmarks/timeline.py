@@ -12,6 +12,7 @@ cause: gaps before Mosaic launches, after them, or everywhere.
 >>> r["idle_us"], r["busy_us"], r["gaps_before"]["mosaic"]["us"]
 (0.021, 0.049, 0.02)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,8 +60,11 @@ def capture(call):
 def _kind(name: str) -> str:
   from benchmarks.model import kernel_group
 
-  return "mosaic" if name.startswith("pallas_gemm") and kernel_group(name) == "gemm" \
+  return (
+      "mosaic"
+      if name.startswith("pallas_gemm") and kernel_group(name) == "gemm"
       else kernel_group(name)
+  )
 
 
 def idle_report(events, top: int = 8) -> dict:
@@ -83,9 +87,14 @@ def idle_report(events, top: int = 8) -> dict:
       busy += e.end_ns - max(e.start_ns, end if end is not None else e.start_ns)
       end, prev = e.end_ns, e
   gaps.sort(reverse=True)
-  return dict(busy_us=busy / 1e3, idle_us=idle / 1e3, kernels=len(events),
-              gaps_before=before, gaps_after=after,
-              largest=[(round(g / 1e3, 1), a[:60], b[:60]) for g, a, b in gaps[:top]])
+  return dict(
+      busy_us=busy / 1e3,
+      idle_us=idle / 1e3,
+      kernels=len(events),
+      gaps_before=before,
+      gaps_after=after,
+      largest=[(round(g / 1e3, 1), a[:60], b[:60]) for g, a, b in gaps[:top]],
+  )
 
 
 def top_host(host_events, top: int = 15):

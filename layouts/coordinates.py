@@ -18,15 +18,16 @@ __all__ = ["make_identity_layout"]
 
 
 def make_identity_layout(shape) -> Layout:
-    """``shape:(1@0, 1@1, ...)``: maps a coordinate of ``shape`` to itself.
+  """``shape:(1@0, 1@1, ...)``: maps a coordinate of ``shape`` to itself.
 
-    A nested mode gets ``prefix_product`` multiples of its basis, so it yields
-    the mode's flat (column-major) coordinate; CuTe would return the nested
-    coordinate instead. This flat form is what TMA needs.
-    """
-    def scaled(pre, i):
-        return tuple(scaled(p, i) for p in pre) if is_tuple(pre) else ScaledBasis(pre, i)
+  A nested mode gets ``prefix_product`` multiples of its basis, so it yields
+  the mode's flat (column-major) coordinate; CuTe would return the nested
+  coordinate instead. This flat form is what TMA needs.
+  """
 
-    if not is_tuple(shape):
-        return Layout(shape, E(0))
-    return Layout(shape, tuple(scaled(prefix_product(m), i) for i, m in enumerate(shape)))
+  def scaled(pre, i):
+    return tuple(scaled(p, i) for p in pre) if is_tuple(pre) else ScaledBasis(pre, i)
+
+  if not is_tuple(shape):
+    return Layout(shape, E(0))
+  return Layout(shape, tuple(scaled(prefix_product(m), i) for i, m in enumerate(shape)))

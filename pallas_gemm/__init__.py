@@ -23,13 +23,25 @@ try:
 except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
   __version__ = "0+unknown"
 
-__all__ = ["GemmConfig", "GemmProblem", "RaggedConfig", "autotune", "dot_general", "fp8_linear",
-           "lookup_config", "make_dot_general", "matmul", "ragged_dot", "scaled_matmul"]
+__all__ = [
+    "GemmConfig",
+    "GemmProblem",
+    "RaggedConfig",
+    "autotune",
+    "dot_general",
+    "fp8_linear",
+    "lookup_config",
+    "make_dot_general",
+    "matmul",
+    "ragged_dot",
+    "scaled_matmul",
+]
 
 
 def __getattr__(name):
   """`pallas_gemm.flax` is imported on first use, so `import pallas_gemm` works without flax."""
   if name == "flax":
     import importlib
+
     return importlib.import_module("pallas_gemm.flax")
   raise AttributeError(f"module 'pallas_gemm' has no attribute {name!r}")

@@ -86,8 +86,12 @@ HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")
 H100_SXM_HBM_BYTES_PER_S = 3.35e12
 """The board the time models were fitted on."""
 
-HBM_BYTES_PER_S = ((re.compile(r"PCIe"), 2.0e12), (re.compile(r"\bH100 NVL\b"), 3.9e12),
-                   (re.compile(r"\bGH200\b"), 4.0e12), (re.compile(r"\bH200\b"), 4.8e12))
+HBM_BYTES_PER_S = (
+    (re.compile(r"PCIe"), 2.0e12),
+    (re.compile(r"\bH100 NVL\b"), 3.9e12),
+    (re.compile(r"\bGH200\b"), 4.0e12),
+    (re.compile(r"\bH200\b"), 4.8e12),
+)
 """Spec HBM bandwidth by device kind, first match; other Hopper boards: the H100 SXM's."""
 
 
@@ -117,7 +121,9 @@ def on_hopper() -> bool:
   if device.platform != "gpu":
     return False
   capability = str(getattr(device, "compute_capability", ""))
-  if capability.split(".")[0] == "9" or (not capability and HOPPER_KINDS.search(device.device_kind)):
+  if capability.split(".")[0] == "9" or (
+      not capability and HOPPER_KINDS.search(device.device_kind)
+  ):
     return True
   _warn_not_hopper(device.device_kind, capability)
   return False
@@ -125,8 +131,12 @@ def on_hopper() -> bool:
 
 @functools.cache
 def _warn_not_hopper(kind: str, capability: str) -> None:
-  warnings.warn(f"pallas_gemm: {kind} (compute capability {capability or 'unknown'}) is not a "
-                "Hopper GPU; implementation=None runs XLA's GEMMs", RuntimeWarning, stacklevel=3)
+  warnings.warn(
+      f"pallas_gemm: {kind} (compute capability {capability or 'unknown'}) is not a "
+      "Hopper GPU; implementation=None runs XLA's GEMMs",
+      RuntimeWarning,
+      stacklevel=3,
+  )
 
 
 def require_hopper(what: str) -> None:
@@ -137,7 +147,8 @@ def require_hopper(what: str) -> None:
     raise ValueError(
         f"{what} needs a Hopper GPU (compute capability 9.x); this is {device.device_kind} "
         f"(compute capability {getattr(device, 'compute_capability', 'unknown')}): use "
-        "implementation=None or 'xla'")
+        "implementation=None or 'xla'"
+    )
 
 
 # Mixed e4m3 x e5m2 WGMMA operands: the verifier accepts them from jaxlib 0.11

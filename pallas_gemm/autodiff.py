@@ -70,10 +70,26 @@ from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.gemm import IMPLEMENTATIONS, check_flags, check_real
 
 
-def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
-           c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
-           implementation: str | None = None, autotune: bool | None = None,
-           row_bias=None, residual=None, clamp=None, out_scale=None):
+def matmul(
+    a,
+    b,
+    *,
+    transpose_a=False,
+    transpose_b=False,
+    bias=None,
+    activation=None,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    out_dtype=None,
+    config: GemmConfig | None = None,
+    implementation: str | None = None,
+    autotune: bool | None = None,
+    row_bias=None,
+    residual=None,
+    clamp=None,
+    out_scale=None,
+):
   """`pallas_gemm.gemm.gemm` (the kernel entry; same arguments, same result), differentiable.
 
   Adds reverse-mode gradients for a, b, bias, c, row_bias and residual (see
@@ -89,23 +105,34 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
   for name, value in (("alpha", alpha), ("beta", beta)):
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-      raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), "
-                      f"got {type(value).__name__}")
+      raise TypeError(
+          f"{name} must be a Python number (it is compiled into the kernel), "
+          f"got {type(value).__name__}"
+      )
   activation = epilogue_lib.activation_name(activation)
   check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
   check_real(bias=bias, c=c, row_bias=row_bias, residual=residual)
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
-  bias, c, row_bias, residual = (None if x is None else jnp.asarray(x)
-                                 for x in (bias, c, row_bias, residual))
+  bias, c, row_bias, residual = (
+      None if x is None else jnp.asarray(x) for x in (bias, c, row_bias, residual)
+  )
   if out_dtype is None:
     out_dtype = jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype
   call = GemmCall(
-      out_dtype=jnp.dtype(out_dtype).name, implementation=implementation,
-      transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), activation=activation,
-      alpha=float(alpha), beta=float(beta), out_scale=out_scale, config=config,
-      clamp=tuple(clamp) if isinstance(clamp, list) else clamp, autotune=autotune)
+      out_dtype=jnp.dtype(out_dtype).name,
+      implementation=implementation,
+      transpose_a=bool(transpose_a),
+      transpose_b=bool(transpose_b),
+      activation=activation,
+      alpha=float(alpha),
+      beta=float(beta),
+      out_scale=out_scale,
+      config=config,
+      clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
+      autotune=autotune,
+  )
   return _matmul(call, a, b, bias, c, row_bias, residual)
 
 
@@ -148,16 +175,22 @@ def _fwd(call, *primals):
     raise NotImplementedError(
         f"pallas_gemm.matmul is not differentiable with fp8 operands or outputs "
         f"({a.dtype} x {b.dtype} -> {call.out_dtype}): fp8 training needs scaled e5m2 "
-        f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM")
+        f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM"
+    )
   wanted = _Wanted(*grads, operand_dtype=a.dtype.name)
   extras = dict(bias=bias, c=c, row_bias=row_bias)
   if call.nonlinear:
-    y, pre = sharding.gemm(dataclasses.replace(call, return_pre=True), a, b,
-                           residual=residual, **extras)
+    y, pre = sharding.gemm(
+        dataclasses.replace(call, return_pre=True), a, b, residual=residual, **extras
+    )
   else:
     pre, y = None, sharding.gemm(call, a, b, residual=residual, **extras)
-  saved = (a if wanted.b else None, b if wanted.a else None, pre,
-           residual if call.clamp is not None else None)
+  saved = (
+      a if wanted.b else None,
+      b if wanted.a else None,
+      pre,
+      residual if call.clamp is not None else None,
+  )
   return y, (*saved, wanted)
 
 
@@ -185,8 +218,8 @@ def _bwd(call, saved, g):
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
       wanted.bias and _cast(bias_grad, wanted.bias),
       wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
-      wanted.row_bias and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32),
-                                wanted.row_bias),
+      wanted.row_bias
+      and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32), wanted.row_bias),
       wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
   )
 
@@ -217,9 +250,14 @@ def _grad_b(call, d_acc, a, grad):
 
 def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
   """alpha * op(x) @ op(y) as `grad` wants it, summed over batch dims it lacks."""
-  linear = GemmCall(out_dtype=grad.dtype, implementation=call.implementation,
-                    transpose_a=transpose_x, transpose_b=transpose_y, alpha=call.alpha,
-                    autotune=call.autotune)
+  linear = GemmCall(
+      out_dtype=grad.dtype,
+      implementation=call.implementation,
+      transpose_a=transpose_x,
+      transpose_b=transpose_y,
+      alpha=call.alpha,
+      autotune=call.autotune,
+  )
   batch = x.shape[:-2] or y.shape[:-2]
   if batch == grad.shape[:-2]:
     out = sharding.gemm(linear, x, y)
@@ -237,20 +275,27 @@ def _fuses_dpre(call, pre, g, wanted) -> bool:
   no residual enters the derivative), 16-bit pre and cotangent in the operand dtype,
   a shape TMA takes, no Explicit mesh."""
   rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
-  return (call.implementation in ("auto", "pallas", "interpret") and wanted.bias is not None
-          and call.activation is not None and call.clamp is None
-          and pre.dtype == g.dtype == jnp.dtype(wanted.operand_dtype)
-          and dpre.supported(rows, pre.dtype) and sharding.explicit_mesh(pre, g) is None)
+  return (
+      call.implementation in ("auto", "pallas", "interpret")
+      and wanted.bias is not None
+      and call.activation is not None
+      and call.clamp is None
+      and pre.dtype == g.dtype == jnp.dtype(wanted.operand_dtype)
+      and dpre.supported(rows, pre.dtype)
+      and sharding.explicit_mesh(pre, g) is None
+  )
 
 
 def _fused_dpre(call, pre, g):
   """(d_acc, bias gradient) from `dpre.dpre_and_column_sums` (NOTES exp. 34)."""
   interpret = call.implementation == "interpret"
   d_acc, sums = dpre.dpre_and_column_sums(
-      pre.reshape(-1, pre.shape[-1]), g.reshape(-1, g.shape[-1]),
+      pre.reshape(-1, pre.shape[-1]),
+      g.reshape(-1, g.shape[-1]),
       slope=epilogue_lib.ACTIVATION_SLOPES[call.activation],
       num_sms=dpre.INTERPRET_SMS if interpret else None,
-      interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
   return d_acc.reshape(pre.shape), jnp.sum(sums, axis=0)
 
 
@@ -269,8 +314,7 @@ def _column_sums(call, x):
   if sharding.explicit_mesh(x) is not None or 0 in rows.shape:
     return jnp.sum(rows, axis=0, dtype=jnp.float32)
   ones = jnp.ones((1, rows.shape[0]), x.dtype)
-  linear = GemmCall(out_dtype="float32", implementation=call.implementation,
-                    autotune=call.autotune)
+  linear = GemmCall(out_dtype="float32", implementation=call.implementation, autotune=call.autotune)
   return sharding.gemm(linear, ones, rows)[0]
 
 

@@ -55,8 +55,14 @@ class GemmCall:
 
   def affine(self, out_dtype: str | None = None) -> GemmCall:
     """This GEMM up to the activation: alpha * op(a) @ op(b) + beta * c + biases."""
-    return dataclasses.replace(self, activation=None, clamp=None, out_scale=None,
-                               out_dtype=out_dtype or self.out_dtype, return_pre=False)
+    return dataclasses.replace(
+        self,
+        activation=None,
+        clamp=None,
+        out_scale=None,
+        out_dtype=out_dtype or self.out_dtype,
+        return_pre=False,
+    )
 
   def product(self) -> GemmCall:
     """alpha * op(a) @ op(b) alone, in f32."""
@@ -77,8 +83,13 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
   saturate = float(jnp.finfo(call.out_dtype).max) if call.out_dtype in FP8_DTYPES else None
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(
-      activation=call.activation, beta=call.beta, clamp_lo=lo, clamp_hi=hi,
-      out_scale=1.0 if call.out_scale is None else call.out_scale, saturate=saturate)
+      activation=call.activation,
+      beta=call.beta,
+      clamp_lo=lo,
+      clamp_hi=hi,
+      out_scale=1.0 if call.out_scale is None else call.out_scale,
+      saturate=saturate,
+  )
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
   y = epilogue_lib.quantize(spec, epilogue_lib.finish(spec, pre, residual=residual))
   y = y.astype(call.out_dtype)
@@ -98,23 +109,41 @@ def _vmappable(call):
 
 
 def _run(call, a, b, bias, c, row_bias, residual):
-  if (call.implementation == "interpret" and (call.transpose_a or call.transpose_b)
-      and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS):
+  if (
+      call.implementation == "interpret"
+      and (call.transpose_a or call.transpose_b)
+      and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS
+  ):
     # It would hang: the interpreter's callback fails inside a warp-specialized kernel.
     raise NotImplementedError(
         f"the GPU interpreter of jax {jax.__version__} cannot run transposed operands "
         f"(transpose_a={call.transpose_a}, transpose_b={call.transpose_b}), which every "
-        "backward GEMM has; use jax >= 0.11 or implementation='xla'")
+        "backward GEMM has; use jax >= 0.11 or implementation='xla'"
+    )
   if call.implementation == "xla" and call.transpose_a and a.ndim == 2 and b.ndim > 2:
     # XLA:CPU cannot run this dot in bf16 with an f32 result ("Unsupported element
     # type for DotThunk"); with A broadcast to B's batch it can.
     a = jnp.broadcast_to(a, (*b.shape[:-2], *a.shape))
   return kernel_matmul(
-      a, b, transpose_a=call.transpose_a, transpose_b=call.transpose_b, bias=bias,
-      activation=call.activation, c=c, alpha=call.alpha, beta=call.beta,
-      out_dtype=call.out_dtype, config=call.config, implementation=call.implementation,
-      autotune=call.autotune, row_bias=row_bias, residual=residual, clamp=call.clamp,
-      out_scale=call.out_scale, return_pre=call.return_pre)
+      a,
+      b,
+      transpose_a=call.transpose_a,
+      transpose_b=call.transpose_b,
+      bias=bias,
+      activation=call.activation,
+      c=c,
+      alpha=call.alpha,
+      beta=call.beta,
+      out_dtype=call.out_dtype,
+      config=call.config,
+      implementation=call.implementation,
+      autotune=call.autotune,
+      row_bias=row_bias,
+      residual=residual,
+      clamp=call.clamp,
+      out_scale=call.out_scale,
+      return_pre=call.return_pre,
+  )
 
 
 def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
@@ -124,8 +153,13 @@ def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
   batch = (size, *(a.shape[a_batched:-2] or b.shape[b_batched:-2]))
   a, b, c, residual = (
       _broadcast_batch(x, batched, batch) if x is not None and (batched or x.ndim > 2) else x
-      for x, batched in ((a, a_batched), (b, b_batched), (c, c_batched),
-                         (residual, residual_batched)))
+      for x, batched in (
+          (a, a_batched),
+          (b, b_batched),
+          (c, c_batched),
+          (residual, residual_batched),
+      )
+  )
   if a.ndim == b.ndim == 2 and any(x is not None and x.ndim > 2 for x in (c, residual)):
     a = _broadcast_batch(a, False, batch)  # only an addend is batched: so is the product
   if not (bias_batched or row_bias_batched):

@@ -67,8 +67,11 @@ def module_kernel_count(lowered_text: str, target: str = "mosaic_gpu") -> int:
   >>> module_kernel_count('stablehlo.custom_call @mosaic_gpu_v2(%0) ...')
   1
   """
-  return sum(1 for line in lowered_text.splitlines()
-             if "stablehlo.custom_call" in line and f"@{target}" in line)
+  return sum(
+      1
+      for line in lowered_text.splitlines()
+      if "stablehlo.custom_call" in line and f"@{target}" in line
+  )
 
 
 def named_body(name: str, body: Callable, **static) -> Callable:
@@ -78,6 +81,7 @@ def named_body(name: str, body: Callable, **static) -> Callable:
   >>> named_body("pallas_gemm_demo", lambda x, *, k: x + k, k=1).__name__
   'pallas_gemm_demo'
   """
+
   def bound(*refs):
     return body(*refs, **static)
 

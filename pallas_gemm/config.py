@@ -118,6 +118,7 @@ class GemmConfig:
   def __post_init__(self):
     """Types, checked at construction (a cache file's entries too): positive ints where
     counts go, pairs as tuples (a list would make the config unhashable)."""
+
     def fail(field, msg):
       raise ValueError(f"GemmConfig.{field}={getattr(self, field)!r}: {msg}")
 
@@ -133,9 +134,14 @@ class GemmConfig:
       value = getattr(self, field)
       if value is None and field == "epilogue_tile":
         continue
-      if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(
-          positive_int(v) for v in value):
-        fail(field, "must be a pair of ints >= 1" + (" or None" if field == "epilogue_tile" else ""))
+      if (
+          not isinstance(value, (tuple, list))
+          or len(value) != 2
+          or not all(positive_int(v) for v in value)
+      ):
+        fail(
+            field, "must be a pair of ints >= 1" + (" or None" if field == "epilogue_tile" else "")
+        )
       object.__setattr__(self, field, tuple(value))
     if not isinstance(self.stream_k, bool):
       fail("stream_k", "must be a bool")
@@ -188,9 +194,18 @@ class GemmConfig:
     and no epilogue extras (those run in XLA after the sum)."""
     if self.k_splits(problem)[0] == 1:
       return problem
-    return dataclasses.replace(problem, out_dtype="float32", has_bias=False, has_c=False,
-                               has_row_bias=False, residual_dtype=None, has_scales=False,
-                               has_row_scale=False, has_col_scale=False, amax=False)
+    return dataclasses.replace(
+        problem,
+        out_dtype="float32",
+        has_bias=False,
+        has_c=False,
+        has_row_bias=False,
+        residual_dtype=None,
+        has_scales=False,
+        has_row_scale=False,
+        has_col_scale=False,
+        amax=False,
+    )
 
   def smem_bytes(self, problem: GemmProblem) -> int:
     """Shared memory the kernel allocates for `problem` (each buffer 1 KiB aligned)."""
@@ -207,11 +222,13 @@ class GemmConfig:
         (slots, problem.residual_dtype) if problem.residual_dtype else None,
         ((2, wn), "float32") if problem.has_col_scale else None,
         ((2, wm), "float32") if problem.has_row_scale else None,
-        ((2, wm), "float32") if problem.amax else None)
+        ((2, wm), "float32") if problem.amax else None,
+    )
 
   # -- checks ---------------------------------------------------------------
   def validate(self, problem: GemmProblem) -> None:
     """Raises ValueError naming the first field that breaks a limit for `problem`."""
+
     def fail(field, msg):
       raise ValueError(f"GemmConfig.{field}={getattr(self, field)!r}: {msg}")
 
@@ -230,18 +247,22 @@ class GemmConfig:
     if self.stages < 2:
       fail("stages", "must be >= 2 (one stage loading while one is consumed)")
     if self.schedule == "pingpong" and (self.stages % 2 or self.stages < 4):
-      fail("stages", "must be even and >= 4 for pingpong (stages // 2 per consumer "
-                     "warpgroup, at least 2 each)")
-    if self.num_sms is not None and (
-        self.num_sms < 1 or self.num_sms % self.cluster_size
-    ):
+      fail(
+          "stages",
+          "must be even and >= 4 for pingpong (stages // 2 per consumer "
+          "warpgroup, at least 2 each)",
+      )
+    if self.num_sms is not None and (self.num_sms < 1 or self.num_sms % self.cluster_size):
       fail("num_sms", f"must be a positive multiple of the cluster size {self.cluster_size}")
     if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k < 1:
       fail("split_k", "must be an int >= 1")
     steps = tiles(problem.k, self.tile_k)
     if self.split_k > steps:
-      fail("split_k", f"exceeds the {steps} tile_k={self.tile_k} steps of K={problem.k} "
-                      "(a slice needs at least one)")
+      fail(
+          "split_k",
+          f"exceeds the {steps} tile_k={self.tile_k} steps of K={problem.k} "
+          "(a slice needs at least one)",
+      )
     if self.stream_k and (self.schedule != "cooperative" or self.split_k != 1):
       fail("stream_k", "needs schedule='cooperative' and split_k=1")
     _validate_dtypes(problem)
@@ -252,41 +273,60 @@ class GemmConfig:
       if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
         fail("tile_m", "must be 64, 128, 192 or 256 (WGMMA rows come in 64s)")
     elif self.tile_m % 128 or not 128 <= self.tile_m <= 256:
-      fail("tile_m", "must be 128 or 256 when cooperative warpgroups split M (64 rows each at least)")
+      fail(
+          "tile_m", "must be 128 or 256 when cooperative warpgroups split M (64 rows each at least)"
+      )
     if wn % 8 or wn > 256:
       fail("tile_n", f"gives a warpgroup tile {wn} wide; WGMMA needs N a multiple of 8 and <= 256")
     if problem.transpose_a and self.schedule == "cooperative" and self.wg_split == "m":
-      fail("wg_split", "must be 'n' when A is transposed (an MN-major A tile cannot be split along M)")
+      fail(
+          "wg_split",
+          "must be 'n' when A is transposed (an MN-major A tile cannot be split along M)",
+      )
     if wm * wn > MAX_ACC_ELEMENTS_PER_WG:
-      fail("tile_n", f"gives a {wm}x{wn} f32 accumulator per warpgroup; at most {MAX_ACC_ELEMENTS_PER_WG} elements fit in registers")
+      fail(
+          "tile_n",
+          f"gives a {wm}x{wn} f32 accumulator per warpgroup; at most {MAX_ACC_ELEMENTS_PER_WG} elements fit in registers",
+      )
 
     span = smem.swizzle_span(problem.dtype, 128)
     if self.tile_k % span:
       fail("tile_k", f"must be a multiple of {span} ({problem.dtype}: one 128-byte swizzle span)")
     span = smem.swizzle_span(problem.dtype, min(smem.SWIZZLE_BYTES))  # MN-major tiles may narrow
     # An MN-major operand's tile (and each warpgroup's slice of it) must hold whole swizzle spans.
-    minor_tiles = {"tile_m": (self.tile_m, wm) if problem.transpose_a else None,
-                   "tile_n": (self.tile_n, wn) if not problem.transpose_b else None}
+    minor_tiles = {
+        "tile_m": (self.tile_m, wm) if problem.transpose_a else None,
+        "tile_n": (self.tile_n, wn) if not problem.transpose_b else None,
+    }
     for field, extents in minor_tiles.items():
       if extents is None:
         continue
       if extents[0] % span:
         fail(field, f"is the minor dim of an MN-major operand tile; must be a multiple of {span}")
       if extents[1] % span:
-        fail(field, f"gives each warpgroup a {extents[1]}-wide slice of an MN-major operand "
-                    f"tile; must be a multiple of {span} (or wg_split='m', or that operand K-major)")
+        fail(
+            field,
+            f"gives each warpgroup a {extents[1]}-wide slice of an MN-major operand "
+            f"tile; must be a multiple of {span} (or wg_split='m', or that operand K-major)",
+        )
 
     em, en = self.epilogue_shape
     if wm % em or wn % en or em % 64:
       fail("epilogue_tile", f"must divide the warpgroup tile {wm}x{wn} with rows a multiple of 64")
     out_span = smem.swizzle_span(problem.out_dtype, 32)
     if en % out_span:
-      fail("epilogue_tile", f"columns must be a multiple of {out_span} (32-byte swizzle of {problem.out_dtype})")
+      fail(
+          "epilogue_tile",
+          f"columns must be a multiple of {out_span} (32-byte swizzle of {problem.out_dtype})",
+      )
 
     need = self.smem_bytes(problem)
     if need > SMEM_LIMIT_BYTES:
-      fail("stages", f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES} "
-                     "(fewer stages, smaller tiles or a smaller epilogue_tile)")
+      fail(
+          "stages",
+          f"needs {need} bytes of shared memory, the limit is {SMEM_LIMIT_BYTES} "
+          "(fewer stages, smaller tiles or a smaller epilogue_tile)",
+      )
 
 
 def _itemsize(dtype: str) -> int:
@@ -302,27 +342,38 @@ def _validate_dtypes(problem: GemmProblem) -> None:
   a, b = problem.dtype, problem.dtype_b
   for name, dtype in (("dtype", a), ("b_dtype", b)):
     if dtype not in KERNEL_INPUT_DTYPES:
-      raise ValueError(f"GemmProblem.{name}={dtype!r}: input dtype {dtype} not supported; "
-                       f"use one of {KERNEL_INPUT_DTYPES}")
+      raise ValueError(
+          f"GemmProblem.{name}={dtype!r}: input dtype {dtype} not supported; "
+          f"use one of {KERNEL_INPUT_DTYPES}"
+      )
   if a != b:
     if a not in FP8_DTYPES or b not in FP8_DTYPES:
-      raise ValueError(f"GemmProblem.b_dtype={b!r}: A is {a}; only fp8 operands may differ "
-                       "(e4m3 x e5m2)")
+      raise ValueError(
+          f"GemmProblem.b_dtype={b!r}: A is {a}; only fp8 operands may differ " "(e4m3 x e5m2)"
+      )
     if not _compat.SUPPORTS_MIXED_FP8:
-      raise ValueError(f"GemmProblem.b_dtype={b!r}: mixed e4m3 x e5m2 WGMMA needs jax >= 0.11 "
-                       f"(this is {'.'.join(map(str, _compat.JAX_VERSION))})")
+      raise ValueError(
+          f"GemmProblem.b_dtype={b!r}: mixed e4m3 x e5m2 WGMMA needs jax >= 0.11 "
+          f"(this is {'.'.join(map(str, _compat.JAX_VERSION))})"
+      )
   if a in K_MAJOR_DTYPES and (problem.transpose_a or not problem.transpose_b):
-    raise ValueError(f"GemmProblem.transpose_a={problem.transpose_a}, transpose_b="
-                     f"{problem.transpose_b}: input dtype {a} not supported in this layout; "
-                     f"{a} operands must be K-major in the kernel (A stored (M, K), B stored "
-                     "(N, K): transpose_a=False, transpose_b=True); matmul transposes others")
+    raise ValueError(
+        f"GemmProblem.transpose_a={problem.transpose_a}, transpose_b="
+        f"{problem.transpose_b}: input dtype {a} not supported in this layout; "
+        f"{a} operands must be K-major in the kernel (A stored (M, K), B stored "
+        "(N, K): transpose_a=False, transpose_b=True); matmul transposes others"
+    )
   if problem.out_dtype not in KERNEL_OUTPUT_DTYPES:
-    raise ValueError(f"GemmProblem.out_dtype={problem.out_dtype!r}: not supported; use one of "
-                     f"{KERNEL_OUTPUT_DTYPES}")
+    raise ValueError(
+        f"GemmProblem.out_dtype={problem.out_dtype!r}: not supported; use one of "
+        f"{KERNEL_OUTPUT_DTYPES}"
+    )
   if problem.out_dtype in FP8_DTYPES and problem.has_c:
     raise ValueError("GemmProblem.has_c=True: a beta * c addend is not supported with fp8 outputs")
   if problem.residual_dtype is not None and problem.residual_dtype not in ADDEND_DTYPES:
-    raise ValueError(f"GemmProblem.residual_dtype={problem.residual_dtype!r}: use one of {ADDEND_DTYPES}")
+    raise ValueError(
+        f"GemmProblem.residual_dtype={problem.residual_dtype!r}: use one of {ADDEND_DTYPES}"
+    )
 
 
 def default_tile_k(dtype: str) -> int:
@@ -345,7 +396,9 @@ def fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmCo
   for epilogue_tile in (cfg.epilogue_tile, (64, 32)):
     candidate = smem.deepest(
         lambda stages: dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile),
-        range(max_stages, 1, -1), fits)
+        range(max_stages, 1, -1),
+        fits,
+    )
     if fits(candidate):
       return candidate
   return dataclasses.replace(cfg, stages=2)

@@ -30,8 +30,9 @@ _ALGORITHMS = {
 """Dot algorithms the kernel implements, per operand dtype (f32 accumulation)."""
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                *, out_sharding=None):
+def dot_general(
+    lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None
+):
   """`jax.lax.dot_general`, on the GEMM kernel wherever it can compute it.
 
   Every placement of the contracting dims maps onto `matmul` without a
@@ -62,8 +63,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   >>> dot_general(q, k, (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float32).dtype
   dtype('float32')
   """
-  return _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                      out_sharding, implementation=None)
+  return _dot_general(
+      lhs,
+      rhs,
+      dimension_numbers,
+      precision,
+      preferred_element_type,
+      out_sharding,
+      implementation=None,
+  )
 
 
 def make_dot_general(*, implementation: str | None = None):
@@ -75,32 +83,58 @@ def make_dot_general(*, implementation: str | None = None):
   >>> f(x, w, (((1,), (0,)), ((), ()))).shape
   (4, 2)
   """
-  def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                  *, out_sharding=None):
-    return _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                        out_sharding, implementation=implementation)
+
+  def dot_general(
+      lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None
+  ):
+    return _dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision,
+        preferred_element_type,
+        out_sharding,
+        implementation=implementation,
+    )
 
   dot_general.__doc__ = f"`pallas_gemm.dot_general` with implementation={implementation!r}."
   return dot_general
 
 
-def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                 out_sharding, *, implementation):
+def _dot_general(
+    lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding, *, implementation
+):
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   # lax's own checks and errors (a trace, no computation): what lax refuses, so do we.
-  jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=dimension_numbers,
-                                   precision=precision,
-                                   preferred_element_type=preferred_element_type), lhs, rhs)
+  jax.eval_shape(
+      functools.partial(
+          lax.dot_general,
+          dimension_numbers=dimension_numbers,
+          precision=precision,
+          preferred_element_type=preferred_element_type,
+      ),
+      lhs,
+      rhs,
+  )
   dimension_numbers = _canonical(dimension_numbers)
   mapping = _Mapping.of(lhs, rhs, dimension_numbers, precision, preferred_element_type)
   if mapping is None:
-    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                           preferred_element_type=preferred_element_type,
-                           out_sharding=out_sharding)
+    return lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+    )
   out = autodiff.matmul(
-      lhs.reshape(mapping.lhs_shape), rhs.reshape(mapping.rhs_shape),
-      transpose_a=mapping.transpose_a, transpose_b=mapping.transpose_b,
-      out_dtype=mapping.out_dtype, implementation=implementation)
+      lhs.reshape(mapping.lhs_shape),
+      rhs.reshape(mapping.rhs_shape),
+      transpose_a=mapping.transpose_a,
+      transpose_b=mapping.transpose_b,
+      out_dtype=mapping.out_dtype,
+      implementation=implementation,
+  )
   out = out.reshape(mapping.out_shape)
   if out_sharding is not None:
     out = jax.sharding.reshard(out, out_sharding)
@@ -135,9 +169,15 @@ class _Mapping:
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype).name
     dtype = lhs.dtype.name
-    if (dtype not in INPUT_DTYPES or rhs.dtype != lhs.dtype or out_dtype not in OUTPUT_DTYPES
-        or not _kernel_precision(precision, dtype) or not lhs_contract
-        or 0 in lhs.shape or 0 in rhs.shape):
+    if (
+        dtype not in INPUT_DTYPES
+        or rhs.dtype != lhs.dtype
+        or out_dtype not in OUTPUT_DTYPES
+        or not _kernel_precision(precision, dtype)
+        or not lhs_contract
+        or 0 in lhs.shape
+        or 0 in rhs.shape
+    ):
       return None
     nb = len(lhs_batch)
     if tuple(lhs_batch) != tuple(range(nb)) or tuple(rhs_batch) != tuple(range(nb)):
@@ -148,15 +188,15 @@ class _Mapping:
     if not (_adjacent(lc) and _adjacent(rc)):
       return None
     if lc[-1] == lhs.ndim - 1:
-      transpose_a, lhs_free = False, lhs.shape[nb:lc[0]]
+      transpose_a, lhs_free = False, lhs.shape[nb : lc[0]]
     elif lc[0] == nb:
-      transpose_a, lhs_free = True, lhs.shape[lc[-1] + 1:]
+      transpose_a, lhs_free = True, lhs.shape[lc[-1] + 1 :]
     else:
       return None
     if rc[0] == nb:
-      transpose_b, rhs_free = False, rhs.shape[rc[-1] + 1:]
+      transpose_b, rhs_free = False, rhs.shape[rc[-1] + 1 :]
     elif rc[-1] == rhs.ndim - 1:
-      transpose_b, rhs_free = True, rhs.shape[nb:rc[0]]
+      transpose_b, rhs_free = True, rhs.shape[nb : rc[0]]
     else:
       return None
     if [lhs.shape[d] for d in lc] != [rhs.shape[d] for d in rc]:
@@ -167,8 +207,11 @@ class _Mapping:
     return cls(
         lhs_shape=(*batch, *((k, m) if transpose_a else (m, k))),
         rhs_shape=(*batch, *((n, k) if transpose_b else (k, n))),
-        transpose_a=transpose_a, transpose_b=transpose_b,
-        out_shape=(*lhs.shape[:nb], *lhs_free, *rhs_free), out_dtype=out_dtype)
+        transpose_a=transpose_a,
+        transpose_b=transpose_b,
+        out_shape=(*lhs.shape[:nb], *lhs_free, *rhs_free),
+        out_dtype=out_dtype,
+    )
 
 
 def _adjacent(dims):

@@ -66,8 +66,13 @@ def supported(shape, dtype) -> bool:
   """Whether `dpre_and_column_sums` takes (R, N) arrays of `dtype`: 16-bit, N a
   multiple of BLOCK_N, R a multiple of 8 (TMA tiles the whole array) and at least
   one row tile."""
-  return (len(shape) == 2 and jnp.dtype(dtype).itemsize == 2 and shape[1] % BLOCK_N == 0
-          and shape[0] % 8 == 0 and shape[0] >= BLOCK_M)
+  return (
+      len(shape) == 2
+      and jnp.dtype(dtype).itemsize == 2
+      and shape[1] % BLOCK_N == 0
+      and shape[0] % 8 == 0
+      and shape[0] >= BLOCK_M
+  )
 
 
 def _kernel(pre_gmem, g_gmem, d_gmem, sums_gmem, *, slope, p: _Plan):
@@ -135,23 +140,28 @@ def dpre_and_column_sums(pre, g, *, slope, num_sms=None, interpret=None):
   Requires `supported(pre.shape, pre.dtype)`; `g` is like `pre`.
   """
   if not supported(pre.shape, pre.dtype) or g.shape != pre.shape or g.dtype != pre.dtype:
-    raise ValueError(f"dpre_and_column_sums: pre {pre.shape} {pre.dtype} and g {g.shape} "
-                     f"{g.dtype} must match, 16-bit, with N a multiple of {BLOCK_N} and R a "
-                     "multiple of 8")
+    raise ValueError(
+        f"dpre_and_column_sums: pre {pre.shape} {pre.dtype} and g {g.shape} "
+        f"{g.dtype} must match, 16-bit, with N a multiple of {BLOCK_N} and R a "
+        "multiple of 8"
+    )
   rows = pre.shape[0]
   if interpret is not None and rows % BLOCK_M:
     # GPU interpret mode (jax 0.10) drops partially out-of-bounds stores and refuses
     # out-of-bounds reads: run whole row tiles (zero rows add nothing to the sums).
     pad = ((0, -rows % BLOCK_M), (0, 0))
-    d, sums = dpre_and_column_sums(jnp.pad(pre, pad), jnp.pad(g, pad), slope=slope,
-                                   num_sms=num_sms, interpret=interpret)
+    d, sums = dpre_and_column_sums(
+        jnp.pad(pre, pad), jnp.pad(g, pad), slope=slope, num_sms=num_sms, interpret=interpret
+    )
     return d[:rows], sums
   num_sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   p = _Plan(pre.shape[0], pre.shape[1], num_sms)
   kernel = plgpu.kernel(
       compile_once.named_body("pallas_gemm_dpre", _kernel, slope=slope, p=p),
-      out_type=(jax.ShapeDtypeStruct(pre.shape, pre.dtype),
-                jax.ShapeDtypeStruct((p.row_tiles, p.cols), jnp.float32)),
+      out_type=(
+          jax.ShapeDtypeStruct(pre.shape, pre.dtype),
+          jax.ShapeDtypeStruct((p.row_tiles, p.cols), jnp.float32),
+      ),
       grid=(num_sms,),
       grid_names=("sm",),
       compiler_params=_compat.compiler_params(approx_math=True),

@@ -94,8 +94,12 @@ def activation_name(activation, argument: str = "activation") -> str | None:
   fn, kwargs = activation, {}
   if isinstance(fn, functools.partial) and not fn.args:
     fn, kwargs = fn.func, dict(fn.keywords)
-  functions = {jax.nn.relu: "relu", jax.nn.silu: "silu", jax.nn.swish: "silu",
-               jax.nn.sigmoid: "sigmoid"}
+  functions = {
+      jax.nn.relu: "relu",
+      jax.nn.silu: "silu",
+      jax.nn.swish: "silu",
+      jax.nn.sigmoid: "sigmoid",
+  }
   try:
     if fn in functions and not kwargs:
       return functions[fn]
@@ -104,8 +108,10 @@ def activation_name(activation, argument: str = "activation") -> str | None:
   except TypeError:  # unhashable
     pass
   names = sorted([*ACTIVATIONS, *ALIASES])
-  raise ValueError(f"{argument} must be None, one of {names} or the jax.nn function of one, "
-                   f"got {activation!r}")
+  raise ValueError(
+      f"{argument} must be None, one of {names} or the jax.nn function of one, "
+      f"got {activation!r}"
+  )
 
 
 def abs_max(x):
@@ -128,7 +134,8 @@ def _gelu_tanh_slope(x):
 
 def _gelu_exact_slope(x):
   return 0.5 * (1.0 + _erf(x * (1.0 / math.sqrt(2.0)))) + x * (
-      jnp.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi)))
+      jnp.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+  )
 
 
 def _silu_slope(x):
@@ -186,15 +193,23 @@ class EpilogueSpec:
       )
 
 
-def apply(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
-          scales=(), out_scale=None):
+def apply(
+    spec: EpilogueSpec,
+    acc,
+    *,
+    c=None,
+    bias=None,
+    row_bias=None,
+    residual=None,
+    scales=(),
+    out_scale=None,
+):
   """The formula of the module docstring in f32: `quantize(compute(...))`."""
   y = compute(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual, scales=scales)
   return quantize(spec, y, out_scale)
 
 
-def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None,
-            scales=()):
+def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None, scales=()):
   """The epilogue up to the clamp, in f32 (`finish(affine(...))`); arrays already broadcast.
 
   >>> import jax.numpy as jnp

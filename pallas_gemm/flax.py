@@ -54,8 +54,15 @@ class Linear(nnx.Linear):
       XLA elsewhere or for operand dtypes the kernel does not take.
   """
 
-  def __init__(self, in_features: int, out_features: int, *, activation: str | None = None,
-               implementation: str | None = None, **kwargs):
+  def __init__(
+      self,
+      in_features: int,
+      out_features: int,
+      *,
+      activation: str | None = None,
+      implementation: str | None = None,
+      **kwargs,
+  ):
     activation = epilogue_lib.activation_name(activation)
     super().__init__(in_features, out_features, **kwargs)
     self.activation = activation
@@ -66,8 +73,15 @@ class Linear(nnx.Linear):
     out_features), added in the kernel's epilogue (e.g. a transformer block's skip)."""
     bias = self.bias[...] if self.bias is not None else None
     inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
-    y = dense(inputs, kernel, bias, activation=self.activation, residual=residual,
-              out_dtype=self.preferred_element_type, implementation=self.implementation)
+    y = dense(
+        inputs,
+        kernel,
+        bias,
+        activation=self.activation,
+        residual=residual,
+        out_dtype=self.preferred_element_type,
+        implementation=self.implementation,
+    )
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
@@ -92,32 +106,52 @@ class Dense(linen.Dense):
 
   @linen.compact
   def __call__(self, inputs):
-    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
-                        self.param_dtype)
-    bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
-            if self.use_bias else None)
+    kernel = self.param(
+        "kernel", self.kernel_init, (inputs.shape[-1], self.features), self.param_dtype
+    )
+    bias = (
+        self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        if self.use_bias
+        else None
+    )
     inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-    return dense(inputs, kernel, bias, activation=self.activation,
-                 implementation=self.implementation)
+    return dense(
+        inputs, kernel, bias, activation=self.activation, implementation=self.implementation
+    )
 
 
-def dense(inputs, kernel, bias=None, *, activation=None, residual=None, out_dtype=None,
-          implementation=None):
+def dense(
+    inputs,
+    kernel,
+    bias=None,
+    *,
+    activation=None,
+    residual=None,
+    out_dtype=None,
+    implementation=None,
+):
   """`act(inputs @ kernel + bias) + residual` over the last dim of `inputs`, as one kernel call.
 
   >>> import jax.numpy as jnp
   >>> dense(jnp.ones((3, 2), jnp.bfloat16), jnp.ones((2, 5), jnp.bfloat16)).shape
   (3, 5)
   """
-  if implementation is None and (inputs.dtype.name not in INPUT_DTYPES
-                                 or kernel.dtype != inputs.dtype):
+  if implementation is None and (
+      inputs.dtype.name not in INPUT_DTYPES or kernel.dtype != inputs.dtype
+  ):
     implementation = "xla"
   rows = (-1, kernel.shape[-1])
   if residual is not None:
     residual = residual.reshape(rows)
-  y = autodiff.matmul(inputs.reshape(-1, inputs.shape[-1]), kernel, bias=bias,
-                      activation=activation, residual=residual, out_dtype=out_dtype,
-                      implementation=implementation)
+  y = autodiff.matmul(
+      inputs.reshape(-1, inputs.shape[-1]),
+      kernel,
+      bias=bias,
+      activation=activation,
+      residual=residual,
+      out_dtype=out_dtype,
+      implementation=implementation,
+  )
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
 
 
@@ -178,11 +212,23 @@ class Fp8Linear(nnx.Module):
   ((4, 16), True)
   """
 
-  def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
-               dtype=jnp.bfloat16, param_dtype=jnp.float32,
-               kernel_init=nnx.initializers.lecun_normal(), bias_init=nnx.initializers.zeros,
-               activation: str | None = None, amax_history_len: int = 16, margin: int = 0,
-               backward: str = "bf16", implementation: str | None = None, rngs: nnx.Rngs):
+  def __init__(
+      self,
+      in_features: int,
+      out_features: int,
+      *,
+      use_bias: bool = True,
+      dtype=jnp.bfloat16,
+      param_dtype=jnp.float32,
+      kernel_init=nnx.initializers.lecun_normal(),
+      bias_init=nnx.initializers.zeros,
+      activation: str | None = None,
+      amax_history_len: int = 16,
+      margin: int = 0,
+      backward: str = "bf16",
+      implementation: str | None = None,
+      rngs: nnx.Rngs,
+  ):
     activation = epilogue_lib.activation_name(activation)
     if backward not in BACKWARDS:
       raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
@@ -190,7 +236,9 @@ class Fp8Linear(nnx.Module):
       raise ValueError(f"amax_history_len must be >= 1, got {amax_history_len}")
     self.in_features, self.out_features = in_features, out_features
     self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
-    self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+    self.bias = (
+        nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+    )
     self.input_amax_history = Fp8Meta(jnp.zeros((amax_history_len,), jnp.float32))
     self.kernel_amax_history = Fp8Meta(jnp.zeros((amax_history_len,), jnp.float32))
     self.input_scale = Fp8Meta(jnp.ones((), jnp.float32))
@@ -206,12 +254,22 @@ class Fp8Linear(nnx.Module):
     kernel = self.kernel[...].astype(self.dtype)
     bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
     x_scale, kernel_scale = self.input_scale[...], self.kernel_scale[...]
-    y = fp8_linear(x, kernel, bias, x_scale, kernel_scale, out_dtype=self.dtype,
-                   backward=self.backward, implementation=self.implementation)
+    y = fp8_linear(
+        x,
+        kernel,
+        bias,
+        x_scale,
+        kernel_scale,
+        out_dtype=self.dtype,
+        backward=self.backward,
+        implementation=self.implementation,
+    )
     if self.activation is not None:
       y = epilogue_lib.ACTIVATIONS[self.activation](y.astype(jnp.float32)).astype(self.dtype)
-    for history, scale, value in ((self.input_amax_history, self.input_scale, x),
-                                  (self.kernel_amax_history, self.kernel_scale, kernel)):
+    for history, scale, value in (
+        (self.input_amax_history, self.input_scale, x),
+        (self.kernel_amax_history, self.kernel_scale, kernel),
+    ):
       new_history = fp8.update_history(history[...], jax.lax.stop_gradient(fp8.amax(value)))
       history[...] = new_history
       scale[...] = fp8.scale_from_history(new_history, scale[...], margin=self.margin)

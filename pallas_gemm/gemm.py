@@ -35,8 +35,15 @@ from pallas_gemm import route
 from pallas_gemm import smem
 from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
 from pallas_gemm import split_k
-from pallas_gemm.config import (ADDEND_DTYPES, FP8_DTYPES, K_MAJOR_DTYPES, KERNEL_INPUT_DTYPES,
-                                KERNEL_OUTPUT_DTYPES, GemmConfig, GemmProblem)
+from pallas_gemm.config import (
+    ADDEND_DTYPES,
+    FP8_DTYPES,
+    K_MAJOR_DTYPES,
+    KERNEL_INPUT_DTYPES,
+    KERNEL_OUTPUT_DTYPES,
+    GemmConfig,
+    GemmProblem,
+)
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.tuner import resolve_config
 from pallas_gemm.hopper_gemm import hopper_gemm
@@ -46,10 +53,27 @@ INTERPRET_NUM_SMS = 2
 """Persistent grid size in interpret mode (grid points run one after another there)."""
 
 
-def gemm(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=None,
-           c=None, alpha=1.0, beta=0.0, out_dtype=None, config: GemmConfig | None = None,
-           implementation: str | None = None, autotune: bool | None = None,
-           row_bias=None, residual=None, clamp=None, out_scale=None, return_pre=False):
+def gemm(
+    a,
+    b,
+    *,
+    transpose_a=False,
+    transpose_b=False,
+    bias=None,
+    activation=None,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    out_dtype=None,
+    config: GemmConfig | None = None,
+    implementation: str | None = None,
+    autotune: bool | None = None,
+    row_bias=None,
+    residual=None,
+    clamp=None,
+    out_scale=None,
+    return_pre=False,
+):
   """Computes, with f32 accumulation and every step fused into the kernel's epilogue,
 
       y = act(alpha * op(a) @ op(b) + beta * c + bias[n] + row_bias[m]) + residual
@@ -99,7 +123,9 @@ def gemm(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=No
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
   for name, value in (("alpha", alpha), ("beta", beta)):
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-      raise TypeError(f"{name} must be a Python number (it is compiled into the kernel), got {type(value).__name__}")
+      raise TypeError(
+          f"{name} must be a Python number (it is compiled into the kernel), got {type(value).__name__}"
+      )
   if config is not None and not isinstance(config, GemmConfig):
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
   activation = epilogue_lib.activation_name(activation)
@@ -114,14 +140,28 @@ def gemm(a, b, *, transpose_a=False, transpose_b=False, bias=None, activation=No
   if 0 in (problem.m, problem.n, problem.k, problem.batch):
     implementation = "xla"  # empty: what lax returns (the epilogue of zeros when K = 0)
   if implementation == "auto":  # a config or tuning asked for means the kernel
-    implementation = ("pallas" if config or autotune else route.choose(problem)[0]
-                      ) if _compat.on_hopper() else "xla"
+    implementation = (
+        ("pallas" if config or autotune else route.choose(problem)[0])
+        if _compat.on_hopper()
+        else "xla"
+    )
   if implementation == "xla":
-    return xla_gemm(a, b, problem, spec, bias, c, row_bias, residual,
-                       return_pre=bool(return_pre))
-  return kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config,
-                        interpret=implementation == "interpret", autotune=autotune,
-                        row_bias=row_bias, residual=residual, return_pre=bool(return_pre))
+    return xla_gemm(a, b, problem, spec, bias, c, row_bias, residual, return_pre=bool(return_pre))
+  return kernel_gemm(
+      a,
+      b,
+      problem,
+      batch_shape,
+      spec,
+      bias,
+      c,
+      config,
+      interpret=implementation == "interpret",
+      autotune=autotune,
+      row_bias=row_bias,
+      residual=residual,
+      return_pre=bool(return_pre),
+  )
 
 
 # -- argument checking --------------------------------------------------------
@@ -156,16 +196,22 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
       raise TypeError(f"{name} must be one of {KERNEL_INPUT_DTYPES}, got {x.dtype}")
   if a.dtype != b.dtype:
     if a.dtype.name not in FP8_DTYPES or b.dtype.name not in FP8_DTYPES:
-      raise TypeError(f"a and b must have the same dtype (or be e4m3 x e5m2 fp8), "
-                      f"got {a.dtype} and {b.dtype}")
+      raise TypeError(
+          f"a and b must have the same dtype (or be e4m3 x e5m2 fp8), "
+          f"got {a.dtype} and {b.dtype}"
+      )
   m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
   kb, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
   if k != kb:
-    raise ValueError(f"contracting dims differ: a gives K={k}, b gives K={kb} "
-                     f"(shapes {a.shape}, {b.shape}, transpose_a={transpose_a}, transpose_b={transpose_b})")
+    raise ValueError(
+        f"contracting dims differ: a gives K={k}, b gives K={kb} "
+        f"(shapes {a.shape}, {b.shape}, transpose_a={transpose_a}, transpose_b={transpose_b})"
+    )
   batch_a, batch_b = a.shape[:-2], b.shape[:-2]
   if batch_a and batch_b and batch_a != batch_b:
-    raise ValueError(f"batch dims of a {batch_a} and b {batch_b} must be equal (or one operand 2-D)")
+    raise ValueError(
+        f"batch dims of a {batch_a} and b {batch_b} must be equal (or one operand 2-D)"
+    )
   batch_shape = batch_a or batch_b
   out_dtype = jnp.dtype(out_dtype or (jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype))
   if out_dtype.name not in KERNEL_OUTPUT_DTYPES:
@@ -179,10 +225,18 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   if c is None and beta != 0.0:
     raise ValueError(f"beta={beta} needs c")
   problem = GemmProblem(
-      m=m, n=n, k=k, batch=math.prod(batch_shape), dtype=a.dtype.name,
-      out_dtype=out_dtype.name, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
-      has_bias=bias is not None, has_c=c is not None and beta != 0.0,
-      b_dtype=b.dtype.name if b.dtype != a.dtype else None)
+      m=m,
+      n=n,
+      k=k,
+      batch=math.prod(batch_shape),
+      dtype=a.dtype.name,
+      out_dtype=out_dtype.name,
+      transpose_a=bool(transpose_a),
+      transpose_b=bool(transpose_b),
+      has_bias=bias is not None,
+      has_c=c is not None and beta != 0.0,
+      b_dtype=b.dtype.name if b.dtype != a.dtype else None,
+  )
   return problem, batch_shape
 
 
@@ -194,20 +248,28 @@ def _check_extras(problem, batch_shape, row_bias, residual):
   residual_dtype = None
   if residual is not None:
     if jnp.shape(residual) not in ((*batch_shape, m, n), (m, n)):
-      raise ValueError(f"residual must have shape {(*batch_shape, m, n)} or {(m, n)}, "
-                       f"got {jnp.shape(residual)}")
+      raise ValueError(
+          f"residual must have shape {(*batch_shape, m, n)} or {(m, n)}, "
+          f"got {jnp.shape(residual)}"
+      )
     residual_dtype = jnp.result_type(residual).name
     if residual_dtype not in ADDEND_DTYPES:
       raise TypeError(f"residual must be one of {ADDEND_DTYPES}, got {residual_dtype}")
-  return dataclasses.replace(problem, has_row_bias=row_bias is not None,
-                             residual_dtype=residual_dtype)
+  return dataclasses.replace(
+      problem, has_row_bias=row_bias is not None, residual_dtype=residual_dtype
+  )
 
 
 def epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
   bounds = (None, None)
   if clamp is not None:
-    if not isinstance(clamp, (tuple, list)) or len(clamp) != 2 or not all(
-        v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool)) for v in clamp):
+    if (
+        not isinstance(clamp, (tuple, list))
+        or len(clamp) != 2
+        or not all(
+            v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool)) for v in clamp
+        )
+    ):
       raise TypeError(f"clamp must be a (lo, hi) pair of Python numbers or None, got {clamp!r}")
     bounds = tuple(None if v is None else float(v) for v in clamp)
     if any(v is not None and math.isnan(v) for v in bounds):
@@ -219,53 +281,117 @@ def epilogue_spec(problem, activation, alpha, beta, clamp, out_scale):
     saturate = float(jnp.finfo(problem.out_dtype).max)
   if out_scale is not None:
     if not isinstance(out_scale, numbers.Real) or isinstance(out_scale, bool):
-      raise TypeError(f"out_scale must be a Python number (it is compiled into the kernel), "
-                      f"got {type(out_scale).__name__}")
+      raise TypeError(
+          f"out_scale must be a Python number (it is compiled into the kernel), "
+          f"got {type(out_scale).__name__}"
+      )
     if saturate is None:
       raise ValueError(f"out_scale applies to fp8 outputs only; out_dtype is {problem.out_dtype}")
   return epilogue_lib.EpilogueSpec(
-      activation=activation, alpha=float(alpha), beta=float(beta), clamp_lo=bounds[0],
-      clamp_hi=bounds[1], out_scale=1.0 if out_scale is None else float(out_scale),
-      saturate=saturate)
+      activation=activation,
+      alpha=float(alpha),
+      beta=float(beta),
+      clamp_lo=bounds[0],
+      clamp_hi=bounds[1],
+      out_scale=1.0 if out_scale is None else float(out_scale),
+      saturate=saturate,
+  )
 
 
 # -- XLA reference path -------------------------------------------------------
-def xla_gemm(a, b, problem, spec, bias, c, row_bias=None, residual=None, *,
-                scalars=None, row_scale=None, col_scale=None, amax=False, return_pre=False):
+def xla_gemm(
+    a,
+    b,
+    problem,
+    spec,
+    bias,
+    c,
+    row_bias=None,
+    residual=None,
+    *,
+    scalars=None,
+    row_scale=None,
+    col_scale=None,
+    amax=False,
+    return_pre=False,
+):
   """The XLA implementation (results as `_epilogue_in_xla` returns them)."""
   op_a = jnp.swapaxes(a, -1, -2) if problem.transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if problem.transpose_b else b
   if op_a.dtype != op_b.dtype:  # mixed fp8: XLA's dot wants one dtype
     op_a, op_b = op_a.astype(jnp.bfloat16), op_b.astype(jnp.bfloat16)
-  plain = (spec == epilogue_lib.EpilogueSpec() and not return_pre and not amax
-           and all(x is None for x in (bias, c, row_bias, residual, scalars, row_scale, col_scale)))
+  plain = (
+      spec == epilogue_lib.EpilogueSpec()
+      and not return_pre
+      and not amax
+      and all(x is None for x in (bias, c, row_bias, residual, scalars, row_scale, col_scale))
+  )
   if plain and op_a.dtype.itemsize >= 2:  # fp8 operands: XLA's fp8 dot wants scales
     # What jnp.dot runs: cuBLAS accumulates in f32 and writes the output dtype itself
     # (an f32 result and a convert cost a second pass over the output: 52 against 45 us
     # at 8192x8192x16 on the H100, NOTES exp. 52).
     return jnp.matmul(op_a, op_b, preferred_element_type=problem.out_dtype)
   acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
-  return _epilogue_in_xla(problem.out_dtype, spec, acc, bias=bias, c=c, row_bias=row_bias,
-                          residual=residual, scalars=scalars, row_scale=row_scale,
-                          col_scale=col_scale, amax=amax, return_pre=return_pre)
+  return _epilogue_in_xla(
+      problem.out_dtype,
+      spec,
+      acc,
+      bias=bias,
+      c=c,
+      row_bias=row_bias,
+      residual=residual,
+      scalars=scalars,
+      row_scale=row_scale,
+      col_scale=col_scale,
+      amax=amax,
+      return_pre=return_pre,
+  )
 
 
-def _epilogue_in_xla(out_dtype, spec, acc, *, bias=None, c=None, row_bias=None, residual=None,
-                     scalars=None, row_scale=None, col_scale=None, amax=False, return_pre=False):
+def _epilogue_in_xla(
+    out_dtype,
+    spec,
+    acc,
+    *,
+    bias=None,
+    c=None,
+    row_bias=None,
+    residual=None,
+    scalars=None,
+    row_scale=None,
+    col_scale=None,
+    amax=False,
+    return_pre=False,
+):
   """The epilogue on an f32 `op(a) @ op(b)` in XLA (the XLA path, and after split-K).
 
   Returns y; with `return_pre`, (y, pre); with `amax`, max |y| before fp8 output
   scaling is appended.
   """
-  scales = tuple(x for x in (None if scalars is None else scalars[0],
-                             None if row_scale is None else row_scale[:, None], col_scale)
-                 if x is not None)
-  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, scales=scales,
-                            row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None])
+  scales = tuple(
+      x
+      for x in (
+          None if scalars is None else scalars[0],
+          None if row_scale is None else row_scale[:, None],
+          col_scale,
+      )
+      if x is not None
+  )
+  pre = epilogue_lib.affine(
+      spec,
+      acc,
+      c=c,
+      bias=bias,
+      scales=scales,
+      row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
+  )
   y = epilogue_lib.finish(spec, pre, residual=residual)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
-  results = ((out,) + ((pre.astype(out_dtype),) if return_pre else ())
-             + ((epilogue_lib.abs_max(y),) if amax else ()))
+  results = (
+      (out,)
+      + ((pre.astype(out_dtype),) if return_pre else ())
+      + ((epilogue_lib.abs_max(y),) if amax else ())
+  )
   return results if len(results) > 1 else out
 
 
@@ -286,16 +412,17 @@ def _tma_layout(a, b, problem, config, interpret):
     m, n = round_up(problem.m, tm), round_up(problem.n, tn)
     a_rows, a_cols = (k, m) if problem.transpose_a else (m, k)
     b_rows, b_cols = (n, k) if problem.transpose_b else (k, n)
-    return (pad_last2(a, max(a_rows, a.shape[-2]), max(a_cols, a.shape[-1])),
-            pad_last2(b, max(b_rows, b.shape[-2]), max(b_cols, b.shape[-1])))
+    return (
+        pad_last2(a, max(a_rows, a.shape[-2]), max(a_cols, a.shape[-1])),
+        pad_last2(b, max(b_rows, b.shape[-2]), max(b_cols, b.shape[-1])),
+    )
   dtype = problem.dtype
   common = smem.widest_swizzle(dtype, config.tile_k, a.shape[-1], b.shape[-1])
   if common is not None and common >= 64:
     a_cols, b_cols = a.shape[-1], b.shape[-1]
   else:
     a_cols, b_cols = tma_operand_cols(a.shape[-1], dtype), tma_operand_cols(b.shape[-1], dtype)
-  return (pad_last2(a, tma_rows(a.shape[-2]), a_cols),
-          pad_last2(b, tma_rows(b.shape[-2]), b_cols))
+  return (pad_last2(a, tma_rows(a.shape[-2]), a_cols), pad_last2(b, tma_rows(b.shape[-2]), b_cols))
 
 
 def _box_cols(cols, box, dtype, swizzle):
@@ -318,8 +445,9 @@ def _out_extent(problem, config, interpret):
   if smem.widest_swizzle(problem.out_dtype, en, cols) is None:
     cols = round_up(cols, smem.swizzle_span(problem.out_dtype, 32))
   # The stores of a tile's epilogue chunks past N must not land on a one-span output.
-  cols = _box_cols(cols, config.tile_n, problem.out_dtype,
-                   smem.widest_swizzle(problem.out_dtype, en, cols))
+  cols = _box_cols(
+      cols, config.tile_n, problem.out_dtype, smem.widest_swizzle(problem.out_dtype, en, cols)
+  )
   return tma_rows(problem.m), cols
 
 
@@ -338,8 +466,10 @@ def _interpret_config(config, problem):
     if not _compat.INTERPRET_SUPPORTS_CLUSTERS:
       config = dataclasses.replace(config, cluster=(1, 1))
   elif config.cluster_size > 1 and not _compat.INTERPRET_SUPPORTS_CLUSTERS:
-    raise ValueError(f"GemmConfig.cluster={config.cluster}: jax {jax.__version__}'s GPU "
-                     "interpreter has no cluster barriers; use cluster=(1, 1) there")
+    raise ValueError(
+        f"GemmConfig.cluster={config.cluster}: jax {jax.__version__}'s GPU "
+        "interpreter has no cluster barriers; use cluster=(1, 1) there"
+    )
   if config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS * config.cluster_size)
   return config
@@ -370,20 +500,43 @@ def _k_major(a, b, problem):
   return a, b, dataclasses.replace(problem, transpose_a=False, transpose_b=True)
 
 
-def kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config, interpret, autotune,
-                   row_bias=None, residual=None, *, scalars=None, row_scale=None, col_scale=None,
-                   amax=False, return_pre=False):
+def kernel_gemm(
+    a,
+    b,
+    problem,
+    batch_shape,
+    spec,
+    bias,
+    c,
+    config,
+    interpret,
+    autotune,
+    row_bias=None,
+    residual=None,
+    *,
+    scalars=None,
+    row_scale=None,
+    col_scale=None,
+    amax=False,
+    return_pre=False,
+):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
   scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
   before fp8 output scaling with `amax`."""
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
-    raise TypeError(f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
-                    f"(this is jax {jax.__version__}); implementation='xla' runs it")
+    raise TypeError(
+        f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
+        f"(this is jax {jax.__version__}); implementation='xla' runs it"
+    )
   m, n = problem.m, problem.n
   problem = dataclasses.replace(
-      problem, has_scales=scalars is not None, has_row_scale=row_scale is not None,
-      has_col_scale=col_scale is not None, amax=bool(amax))
+      problem,
+      has_scales=scalars is not None,
+      has_row_scale=row_scale is not None,
+      has_col_scale=col_scale is not None,
+      amax=bool(amax),
+  )
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
@@ -408,16 +561,25 @@ def kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config, interpret, au
     if residual is not None and residual.ndim > 2:
       residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
-    config = usable_config(resolve_config(problem, spec.activation, operands=(a, b), tune=autotune),
-                     problem)
+    config = usable_config(
+        resolve_config(problem, spec.activation, operands=(a, b), tune=autotune), problem
+    )
   if interpret:
     config = _interpret_config(config, problem)
   config = config or default_config(problem)
   config.validate(problem)
   splits = config.k_splits(problem)[0]
   if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
-    extras = dict(bias=bias, c=c, row_bias=row_bias, residual=residual, scalars=scalars,
-                  row_scale=row_scale, col_scale=col_scale, amax=amax)
+    extras = dict(
+        bias=bias,
+        c=c,
+        row_bias=row_bias,
+        residual=residual,
+        scalars=scalars,
+        row_scale=row_scale,
+        col_scale=col_scale,
+        amax=amax,
+    )
     bias = c = row_bias = residual = scalars = row_scale = col_scale = None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
@@ -439,24 +601,35 @@ def kernel_gemm(a, b, problem, batch_shape, spec, bias, c, config, interpret, au
     residual = pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
-      a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,
-      row_scale=row_scale, col_scale=col_scale, valid_n=n,
-      problem=kernel_problem, config=config, epilogue=spec,
+      a,
+      b,
+      bias,
+      c,
+      row_bias=row_bias,
+      residual=residual,
+      scalars=scalars,
+      row_scale=row_scale,
+      col_scale=col_scale,
+      valid_n=n,
+      problem=kernel_problem,
+      config=config,
+      epilogue=spec,
       return_pre=return_pre and splits == 1,
-      interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
-  crop = lambda out: out[..., :problem.m, :n].reshape(*batch_shape, m, n)
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
+  crop = lambda out: out[..., : problem.m, :n].reshape(*batch_shape, m, n)
   if splits > 1:
-    acc = split_k.sum_partials(outs, splits)[..., :problem.m, :n]
+    acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]
     results = _epilogue_in_xla(out_dtype, final_spec, acc, return_pre=return_pre, **extras)
     if not (return_pre or amax):
       return results.reshape(*batch_shape, m, n)
-    arrays = tuple(x.reshape(*batch_shape, m, n) for x in results[:1 + return_pre])
-    return arrays + results[1 + return_pre:]
+    arrays = tuple(x.reshape(*batch_shape, m, n) for x in results[: 1 + return_pre])
+    return arrays + results[1 + return_pre :]
   if not (return_pre or amax):
     return crop(outs)
-  results = tuple(map(crop, outs[:1 + return_pre]))
+  results = tuple(map(crop, outs[: 1 + return_pre]))
   if amax:
     # partial[..., j, r]: max |y| of row r over the j-th warpgroup column tile.
-    partial = outs[-1][..., :-(-n // config.wg_tile[1]), :problem.m]
+    partial = outs[-1][..., : -(-n // config.wg_tile[1]), : problem.m]
     results += (epilogue_lib.abs_max(partial),)
   return results

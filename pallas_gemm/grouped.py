@@ -31,14 +31,28 @@ from pallas_gemm import smem
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
 from pallas_gemm.gemm import IMPLEMENTATIONS, INTERPRET_NUM_SMS
 from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
-from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, default_ragged_config,
-                                     ragged_gemm)
+from pallas_gemm.ragged_gemm import (
+    RaggedConfig,
+    RaggedProblem,
+    default_ragged_config,
+    ragged_gemm,
+)
 from pallas_gemm.ragged_tgmm import TgmmProblem, default_tgmm_config, ragged_tgmm
 
 
-def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-               group_offset=None, out_sharding=None, *, transpose_rhs: bool = False,
-               config: RaggedConfig | None = None, implementation: str | None = None):
+def ragged_dot(
+    lhs,
+    rhs,
+    group_sizes,
+    precision=None,
+    preferred_element_type=None,
+    group_offset=None,
+    out_sharding=None,
+    *,
+    transpose_rhs: bool = False,
+    config: RaggedConfig | None = None,
+    implementation: str | None = None,
+):
   """Grouped matrix product: `out[r] = lhs[r] @ rhs[g(r)]`, f32 accumulation.
 
   Args:
@@ -65,29 +79,48 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
   if group_offset is not None:
-    raise NotImplementedError("group_offset: only None is supported (as in jax.lax.ragged_dot, "
-                              "whose implementations all refuse it)")
+    raise NotImplementedError(
+        "group_offset: only None is supported (as in jax.lax.ragged_dot, "
+        "whose implementations all refuse it)"
+    )
   if config is not None and not isinstance(config, RaggedConfig):
     raise TypeError(f"config must be a RaggedConfig or None, got {type(config).__name__}")
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   _check(lhs, rhs, group_sizes, transpose_rhs)
   out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
   if implementation is None:
-    kernel_dtypes = (lhs.dtype == rhs.dtype and lhs.dtype.name in INPUT_DTYPES
-                     and out_dtype.name in OUTPUT_DTYPES)
+    kernel_dtypes = (
+        lhs.dtype == rhs.dtype
+        and lhs.dtype.name in INPUT_DTYPES
+        and out_dtype.name in OUTPUT_DTYPES
+    )
     implementation = "pallas" if kernel_dtypes and _compat.on_hopper() else "xla"
   if implementation == "xla" or 0 in (*lhs.shape, *rhs.shape):  # empty: nothing to launch
-    return _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
-                           transpose_rhs, out_sharding)
+    return _xla_ragged_dot(
+        lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs, out_sharding
+    )
   if lhs.dtype != rhs.dtype:
-    raise TypeError(f"lhs and rhs must have the same dtype for the kernel, got {lhs.dtype} and {rhs.dtype}")
+    raise TypeError(
+        f"lhs and rhs must have the same dtype for the kernel, got {lhs.dtype} and {rhs.dtype}"
+    )
   if lhs.dtype.name not in INPUT_DTYPES:
-    raise TypeError(f"lhs must be one of {INPUT_DTYPES} for the kernel, got {lhs.dtype} "
-                    "(use implementation='xla')")
+    raise TypeError(
+        f"lhs must be one of {INPUT_DTYPES} for the kernel, got {lhs.dtype} "
+        "(use implementation='xla')"
+    )
   if out_dtype.name not in OUTPUT_DTYPES:
-    raise TypeError(f"preferred_element_type must be one of {OUTPUT_DTYPES} for the kernel, got {out_dtype}")
-  out = _ragged_dot_vjp(lhs, rhs, group_sizes.astype(jnp.int32), bool(transpose_rhs),
-                        out_dtype.name, config, implementation == "interpret")
+    raise TypeError(
+        f"preferred_element_type must be one of {OUTPUT_DTYPES} for the kernel, got {out_dtype}"
+    )
+  out = _ragged_dot_vjp(
+      lhs,
+      rhs,
+      group_sizes.astype(jnp.int32),
+      bool(transpose_rhs),
+      out_dtype.name,
+      config,
+      implementation == "interpret",
+  )
   return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
 
@@ -95,25 +128,38 @@ def _check(lhs, rhs, group_sizes, transpose_rhs):
   if lhs.ndim != 2:
     raise ValueError(f"lhs must be 2-D (M, K), got shape {lhs.shape}")
   if rhs.ndim != 3:
-    raise ValueError(f"rhs must be 3-D ({'(G, N, K)' if transpose_rhs else '(G, K, N)'}), "
-                     f"got shape {rhs.shape}")
+    raise ValueError(
+        f"rhs must be 3-D ({'(G, N, K)' if transpose_rhs else '(G, K, N)'}), "
+        f"got shape {rhs.shape}"
+    )
   if group_sizes.ndim != 1 or group_sizes.shape[0] != rhs.shape[0]:
-    raise ValueError(f"group_sizes must have shape (G,) = ({rhs.shape[0]},) (rhs's groups), "
-                     f"got {group_sizes.shape}")
+    raise ValueError(
+        f"group_sizes must have shape (G,) = ({rhs.shape[0]},) (rhs's groups), "
+        f"got {group_sizes.shape}"
+    )
   if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise TypeError(f"group_sizes must be an integer array, got {group_sizes.dtype}")
   k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
   if lhs.shape[1] != k_rhs:
-    raise ValueError(f"contracting dims differ: lhs {lhs.shape} has K={lhs.shape[1]}, rhs "
-                     f"{rhs.shape} has K={k_rhs} (transpose_rhs={transpose_rhs})")
+    raise ValueError(
+        f"contracting dims differ: lhs {lhs.shape} has K={lhs.shape[1]}, rhs "
+        f"{rhs.shape} has K={k_rhs} (transpose_rhs={transpose_rhs})"
+    )
 
 
-def _xla_ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs,
-                    out_sharding=None):
+def _xla_ragged_dot(
+    lhs, rhs, group_sizes, precision, preferred_element_type, transpose_rhs, out_sharding=None
+):
   if transpose_rhs:
     rhs = jnp.swapaxes(rhs, 1, 2)
-  return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision,
-                        preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+  return lax.ragged_dot(
+      lhs,
+      rhs,
+      group_sizes.astype(jnp.int32),
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      out_sharding=out_sharding,
+  )
 
 
 # -- kernel path --------------------------------------------------------------
@@ -140,7 +186,9 @@ def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
   if common is not None and common >= 64:
     lhs_cols, rhs_cols = lhs.shape[-1], rhs.shape[-1]
   else:
-    lhs_cols, rhs_cols = tma_operand_cols(lhs.shape[-1], dtype), tma_operand_cols(rhs.shape[-1], dtype)
+    lhs_cols, rhs_cols = tma_operand_cols(lhs.shape[-1], dtype), tma_operand_cols(
+        rhs.shape[-1], dtype
+    )
   lhs = pad_last2(lhs, tma_rows(m), lhs_cols)
   rhs = pad_last2(rhs, tma_rows(rhs.shape[-2]), rhs_cols)
   # Output columns: a whole number of boundary staging chunks, because Mosaic
@@ -154,16 +202,29 @@ def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
 def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
   (m, k), g = lhs.shape, rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  problem = RaggedProblem(m=m, n=n, k=k, groups=g, dtype=lhs.dtype.name, out_dtype=out_dtype,
-                          transpose_rhs=transpose_rhs)
+  problem = RaggedProblem(
+      m=m,
+      n=n,
+      k=k,
+      groups=g,
+      dtype=lhs.dtype.name,
+      out_dtype=out_dtype,
+      transpose_rhs=transpose_rhs,
+  )
   config = config or default_ragged_config(problem)
   if interpret and config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)
   config.validate(problem)
   lhs_p, rhs_p, rows, cols = _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret)
   kernel_problem = dataclasses.replace(problem, n=cols, m_out=rows)
-  out = ragged_gemm(lhs_p, rhs_p, group_sizes, problem=kernel_problem, config=config,
-                    interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+  out = ragged_gemm(
+      lhs_p,
+      rhs_p,
+      group_sizes,
+      problem=kernel_problem,
+      config=config,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
   return out[:m, :n]
 
 
@@ -189,9 +250,14 @@ def _run_tgmm(x, y, group_sizes, out_dtype, interpret):
   else:
     rows, p_cols, q_cols = tma_rows(m), round_up(p, 64), round_up(q, 64)
   x, y = pad_last2(x, rows, p_cols), pad_last2(y, rows, q_cols)
-  out = ragged_tgmm(x, y, group_sizes, problem=dataclasses.replace(problem, p=p_cols, q=q_cols),
-                    config=config,
-                    interpret=_compat.interpret_params(zero_fill=False) if interpret else None)
+  out = ragged_tgmm(
+      x,
+      y,
+      group_sizes,
+      problem=dataclasses.replace(problem, p=p_cols, q=q_cols),
+      config=config,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
   return out[:, :p, :q]
 
 

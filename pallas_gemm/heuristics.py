@@ -43,8 +43,15 @@ import statistics
 import jax.numpy as jnp
 
 from pallas_gemm import split_k
-from pallas_gemm.config import (DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, GemmConfig, GemmProblem,
-                                default_tile_k, fit_stages, tiles)
+from pallas_gemm.config import (
+    DEFAULT_NUM_SMS,
+    PARTIAL_EPILOGUE_TILE,
+    GemmConfig,
+    GemmProblem,
+    default_tile_k,
+    fit_stages,
+    tiles,
+)
 
 TILES = ((64, 128), (64, 256), (128, 64), (128, 128), (128, 192), (128, 256), (256, 128))
 """CTA tiles (tile_m, tile_n) the default chooses from. 64x64 was dropped (NOTES exp. 53):
@@ -55,10 +62,20 @@ MAX_STAGES = 8
 """Deepest ring tried (narrow tiles fit that many 64-deep stages)."""
 
 STEP_S = {
-    (64, 128, 1): 261e-9, (64, 128, 2): 263e-9, (64, 256, 1): 394e-9, (64, 256, 2): 426e-9,
-    (128, 64, 1): 369e-9, (128, 64, 2): 344e-9, (128, 128, 1): 414e-9, (128, 128, 2): 401e-9,
-    (128, 192, 1): 515e-9, (128, 192, 2): 518e-9, (128, 256, 1): 674e-9, (128, 256, 2): 674e-9,
-    (256, 128, 1): 683e-9, (256, 128, 2): 693e-9,
+    (64, 128, 1): 261e-9,
+    (64, 128, 2): 263e-9,
+    (64, 256, 1): 394e-9,
+    (64, 256, 2): 426e-9,
+    (128, 64, 1): 369e-9,
+    (128, 64, 2): 344e-9,
+    (128, 128, 1): 414e-9,
+    (128, 128, 2): 401e-9,
+    (128, 192, 1): 515e-9,
+    (128, 192, 2): 518e-9,
+    (128, 256, 1): 674e-9,
+    (128, 256, 2): 674e-9,
+    (256, 128, 1): 683e-9,
+    (256, 128, 2): 693e-9,
 }
 """Seconds per K step of a (tile_m, tile_n, cluster rows) CTA in a full wave: the
 median over the eight large projections of the fit sweep on the H100 and the H200
@@ -98,12 +115,16 @@ class Params:
   def for_board(self, hbm_scale: float) -> "Params":
     """These parameters on a board with `hbm_scale` times the H100 SXM's HBM bandwidth
     (`_compat.hbm_scale`): the memory rates scale, nothing else (not fitted there)."""
-    return dataclasses.replace(self, hbm_bytes_per_s=self.hbm_bytes_per_s * hbm_scale,
-                               cta_bytes_per_s=self.cta_bytes_per_s * hbm_scale)
+    return dataclasses.replace(
+        self,
+        hbm_bytes_per_s=self.hbm_bytes_per_s * hbm_scale,
+        cta_bytes_per_s=self.cta_bytes_per_s * hbm_scale,
+    )
 
 
-def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS,
-               hbm_scale: float = 1.0) -> list[GemmConfig]:
+def candidates(
+    problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS, hbm_scale: float = 1.0
+) -> list[GemmConfig]:
   """The valid configs of the grid for `problem`: tiles that do not overhang it by
   half a tile or more (a smaller tile does the same work), a 2x1 cluster only with
   >= 2 tile rows.
@@ -125,11 +146,23 @@ def candidates(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS,
         cfg = dataclasses.replace(cfg, epilogue_tile=None)  # narrow: the whole tile
       cfg = fit_stages(cfg, problem, MAX_STAGES)
       options = [cfg]
-      splits = split_k.choose(problem, tile_m=tm, tile_n=tn, tile_k=tk, stages=cfg.stages,
-                              num_sms=num_sms, hbm_scale=hbm_scale)
+      splits = split_k.choose(
+          problem,
+          tile_m=tm,
+          tile_n=tn,
+          tile_k=tk,
+          stages=cfg.stages,
+          num_sms=num_sms,
+          hbm_scale=hbm_scale,
+      )
       if splits > 1:
-        options.append(fit_stages(dataclasses.replace(
-            cfg, split_k=splits, epilogue_tile=PARTIAL_EPILOGUE_TILE), problem, MAX_STAGES))
+        options.append(
+            fit_stages(
+                dataclasses.replace(cfg, split_k=splits, epilogue_tile=PARTIAL_EPILOGUE_TILE),
+                problem,
+                MAX_STAGES,
+            )
+        )
       for option in options:
         try:
           option.validate(problem)
@@ -150,8 +183,13 @@ def _work(problem: GemmProblem, config: GemmConfig, num_sms: int):
   return tiles(units, num_sms - num_sms % cm), k_iters, splits, units
 
 
-def estimate(problem: GemmProblem, config: GemmConfig, num_sms: int = DEFAULT_NUM_SMS,
-             params: Params = Params(), steps: dict = STEP_S) -> float:
+def estimate(
+    problem: GemmProblem,
+    config: GemmConfig,
+    num_sms: int = DEFAULT_NUM_SMS,
+    params: Params = Params(),
+    steps: dict = STEP_S,
+) -> float:
   """Predicted seconds of `config` on `problem` (the model of the module docstring).
 
   >>> p = GemmProblem(m=4096, n=4096, k=4096)
@@ -169,13 +207,16 @@ def estimate(problem: GemmProblem, config: GemmConfig, num_sms: int = DEFAULT_NU
   hbm = unique / (active * params.cta_bytes_per_s) + unique / params.hbm_bytes_per_s
   seconds = max(core, hbm) + params.launch_s
   if splits > 1:
-    seconds += SPLIT_REDUCE_FIXED_S + (
-        out_bytes + out_elems * _itemsize(problem.out_dtype)) / REDUCE_BYTES_PER_S
+    seconds += (
+        SPLIT_REDUCE_FIXED_S
+        + (out_bytes + out_elems * _itemsize(problem.out_dtype)) / REDUCE_BYTES_PER_S
+    )
   return seconds
 
 
-def default_config(problem: GemmProblem, num_sms: int | None = None,
-                   hbm_scale: float | None = None) -> GemmConfig:
+def default_config(
+    problem: GemmProblem, num_sms: int | None = None, hbm_scale: float | None = None
+) -> GemmConfig:
   """The candidate `estimate` predicts fastest: the config `matmul` uses when no tuning
   cache or shipped table holds one for `problem`. `num_sms` and `hbm_scale` default to
   the device's SM count and HBM bandwidth over the H100 SXM's (132 and 1.0 without a GPU).
@@ -194,8 +235,13 @@ def default_config(problem: GemmProblem, num_sms: int | None = None,
   options = candidates(problem, num_sms, hbm_scale)
   params = Params().for_board(hbm_scale)
   if not options:  # nothing of the grid is valid: the plain default, whose validation says why
-    return fit_stages(GemmConfig(tile_k=default_tile_k(problem.dtype),
-                                 wg_split="n" if problem.transpose_a else "m"), problem, 4)
+    return fit_stages(
+        GemmConfig(
+            tile_k=default_tile_k(problem.dtype), wg_split="n" if problem.transpose_a else "m"
+        ),
+        problem,
+        4,
+    )
   return choose([(estimate(problem, cfg, num_sms, params), cfg) for cfg in options])
 
 
@@ -256,8 +302,12 @@ def regret(calibrations, params: Params = Params(), steps: dict = STEP_S) -> lis
   return rows
 
 
-FIT_GRID = dict(launch_s=(1.5e-6, 2e-6, 2.5e-6, 3e-6), tile_fixed_s=(0.3e-6, 0.6e-6, 1e-6, 1.35e-6),
-                hbm_bytes_per_s=(4e12, 5e12, 6e12), cta_bytes_per_s=(40e9, 56e9, 70e9))
+FIT_GRID = dict(
+    launch_s=(1.5e-6, 2e-6, 2.5e-6, 3e-6),
+    tile_fixed_s=(0.3e-6, 0.6e-6, 1e-6, 1.35e-6),
+    hbm_bytes_per_s=(4e12, 5e12, 6e12),
+    cta_bytes_per_s=(40e9, 56e9, 70e9),
+)
 """The values `fit` searches (a grid: the model is a max of terms, not smooth)."""
 
 
@@ -269,8 +319,10 @@ def fit(calibrations) -> tuple[Params, dict]:
   for values in itertools.product(*FIT_GRID.values()):
     params = Params(*values)
     rows = regret(calibrations, params, steps)
-    score = (round(statistics.geometric_mean([r[1] for r in rows]), 4),
-             _log_error(calibrations, params, steps))
+    score = (
+        round(statistics.geometric_mean([r[1] for r in rows]), 4),
+        _log_error(calibrations, params, steps),
+    )
     if best is None or score < best[0]:
       best = (score, params)
   return best[1], steps
@@ -283,20 +335,34 @@ def fit_report(calibrations) -> str:
     rows = regret(calibrations, params, steps)
     lines.append(f"{title}: {params}")
     for label, r, pick, best_us, xla_us in rows:
-      lines.append(f"  {label:38s} regret {r:5.3f}  pick {describe(config_fields(pick)):48s} "
-                   f"best {best_us:8.1f} us  xla {xla_us:8.1f} us")
+      lines.append(
+          f"  {label:38s} regret {r:5.3f}  pick {describe(config_fields(pick)):48s} "
+          f"best {best_us:8.1f} us  xla {xla_us:8.1f} us"
+      )
     values = [r[1] for r in rows]
-    lines.append(f"  geomean regret {statistics.geometric_mean(values):.3f}, worst {max(values):.3f}, "
-                 f"RMS log error {_log_error(calibrations, params, steps):.3f}")
+    lines.append(
+        f"  geomean regret {statistics.geometric_mean(values):.3f}, worst {max(values):.3f}, "
+        f"RMS log error {_log_error(calibrations, params, steps):.3f}"
+    )
   return "\n".join(lines)
 
 
 def _log_error(calibrations, params, steps) -> float:
-  errors = [math.log(estimate(GemmProblem(**s["problem"]), _config(r["config"]),
-                              params=params.for_board(_board_scale(c)), steps=steps)
-                     / (r["ms"] * 1e-3))
-            for c in calibrations for s in c["shapes"] for r in s["configs"]
-            if "ms" in r and (r["config"]["tile_m"], r["config"]["tile_n"]) in TILES]
+  errors = [
+      math.log(
+          estimate(
+              GemmProblem(**s["problem"]),
+              _config(r["config"]),
+              params=params.for_board(_board_scale(c)),
+              steps=steps,
+          )
+          / (r["ms"] * 1e-3)
+      )
+      for c in calibrations
+      for s in c["shapes"]
+      for r in s["configs"]
+      if "ms" in r and (r["config"]["tile_m"], r["config"]["tile_n"]) in TILES
+  ]
   return math.sqrt(sum(e * e for e in errors) / len(errors))
 
 
@@ -313,8 +379,10 @@ def _config(fields: dict) -> GemmConfig:
 
 def describe(fields: dict) -> str:
   """'TMxTNxTK sS schedule/split cluster CMxCN[ split_k S]' of a config's fields."""
-  text = (f"{fields['tile_m']}x{fields['tile_n']}x{fields['tile_k']} s{fields['stages']} "
-          f"{fields['schedule']}/{fields['wg_split']} cluster {fields['cluster'][0]}x{fields['cluster'][1]}")
+  text = (
+      f"{fields['tile_m']}x{fields['tile_n']}x{fields['tile_k']} s{fields['stages']} "
+      f"{fields['schedule']}/{fields['wg_split']} cluster {fields['cluster'][0]}x{fields['cluster'][1]}"
+  )
   return text + (f" split_k {fields['split_k']}" if fields.get("split_k", 1) > 1 else "")
 
 

@@ -124,8 +124,8 @@ def _tile_position(p: _Plan, tile_index):
   mc, nc = p.cluster_tiles
   batch_idx = lax.div(tile_index, mc * nc)
   m_c, n_c = raster.tile_coords(
-      lax.rem(tile_index, mc * nc), mc, nc,
-      group=p.config.group, order=p.config.raster)
+      lax.rem(tile_index, mc * nc), mc, nc, group=p.config.group, order=p.config.raster
+  )
   cm, cn = p.config.cluster
   if p.config.cluster_size > 1:
     cta = lax.axis_index("cluster")
@@ -133,8 +133,20 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, scalars_gmem,
-            row_scale_gmem, col_scale_gmem, out_gmem, *extra_refs, p: _Plan):
+def _kernel(
+    a_gmem,
+    b_gmem,
+    bias_gmem,
+    row_bias_gmem,
+    c_gmem,
+    residual_gmem,
+    scalars_gmem,
+    row_scale_gmem,
+    col_scale_gmem,
+    out_gmem,
+    *extra_refs,
+    p: _Plan,
+):
   extra_refs = iter(extra_refs)
   pre_gmem = next(extra_refs) if p.return_pre else None
   amax_gmem = next(extra_refs) if p.problem.amax else None
@@ -156,9 +168,22 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
   a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
   b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
 
-  def scoped(ring_refs, out_smem, bias_smem, bias_loaded, c_loaded,
-             row_bias_smem, row_bias_loaded, res_smem, res_loaded, row_scale_smem,
-             row_scale_loaded, col_scale_smem, col_scale_loaded, amax_smem):
+  def scoped(
+      ring_refs,
+      out_smem,
+      bias_smem,
+      bias_loaded,
+      c_loaded,
+      row_bias_smem,
+      row_bias_loaded,
+      res_smem,
+      res_loaded,
+      row_scale_smem,
+      row_scale_loaded,
+      col_scale_smem,
+      col_scale_loaded,
+      amax_smem,
+  ):
     ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
 
@@ -172,8 +197,11 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
       sm, kt = lax.axis_index("sm"), p.k_iters
       if sk is None:
         return pipeline.persistent_loop(
-            p.num_tiles, lambda index, _, step0: visit(step0, index, 0, kt),
-            steps_of=kt, workers=p.workers)
+            p.num_tiles,
+            lambda index, _, step0: visit(step0, index, 0, kt),
+            steps_of=kt,
+            workers=p.workers,
+        )
       start, length = sk.range_of(sm)
       first = lax.div(start, kt)
       end = jnp.where(length > 0, lax.div(start + length + kt - 1, kt), first)
@@ -212,9 +240,11 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
           rows_b, cols_b = pl.ds(k0, tk), pl.ds(ni * tn, tn)
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
-          ring.fill(step0 + k - kb,
-                    (_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)),
-                    (a_collective, b_collective))
+          ring.fill(
+              step0 + k - kb,
+              (_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)),
+              (a_collective, b_collective),
+          )
 
       ring.drain(for_each_unit(load_unit))
 
@@ -250,7 +280,8 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
             (bias_gmem, bias_smem, bias_loaded, col0, wn),
             (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
             (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
-            (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn)):
+            (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn),
+        ):
           if staged is not None:
             plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
 
@@ -338,19 +369,19 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
           if res_smem is not None:
             res_buf = res_smem.at[wg, out_slot]
             plgpu.copy_gmem_to_smem(
-                _at(residual_gmem, batch_idx, rows, cols), res_buf, res_loaded.at[barrier])
+                _at(residual_gmem, batch_idx, rows, cols), res_buf, res_loaded.at[barrier]
+            )
           if c_gmem is not None:
-            plgpu.copy_gmem_to_smem(
-                _at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
+            plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
             plgpu.barrier_wait(c_loaded.at[barrier])
             c_tile = buf[...]
           bias_tile = row_bias_tile = None
           if bias_smem is not None:
-            bias_tile = lax.broadcast_in_dim(
-                bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
+            bias_tile = lax.broadcast_in_dim(bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
           if row_bias_smem is not None:
             row_bias_tile = lax.broadcast_in_dim(
-                row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
+                row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,)
+            )
           if res_smem is not None:
             plgpu.barrier_wait(res_loaded.at[barrier])
             res_tile = res_buf[...]
@@ -358,20 +389,29 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
           if scalars is not None:
             scales.append(scalars[0])
           if row_scale_smem is not None:
-            scales.append(lax.broadcast_in_dim(
-                row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,)))
+            scales.append(
+                lax.broadcast_in_dim(row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
+            )
           if col_scale_smem is not None:
-            scales.append(lax.broadcast_in_dim(
-                col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
-          acc_chunk = result[i * em:(i + 1) * em, j * en:(j + 1) * en]
+            scales.append(
+                lax.broadcast_in_dim(col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
+            )
+          acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
           for partial, valid in partials:
             part = _compat.load_registers(
-                partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA)
-            acc_chunk += jnp.where(lax.broadcast_in_dim(valid, (em, en), ()), part,
-                                   jnp.zeros_like(part))
+                partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA
+            )
+            acc_chunk += jnp.where(
+                lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
+            )
           y = epilogue_lib.affine(
-              p.epilogue, acc_chunk,
-              c=c_tile, bias=bias_tile, row_bias=row_bias_tile, scales=tuple(scales))
+              p.epilogue,
+              acc_chunk,
+              c=c_tile,
+              bias=bias_tile,
+              row_bias=row_bias_tile,
+              scales=tuple(scales),
+          )
           if pre_gmem is not None:
             buf[...] = y.astype(out_dtype)
             plgpu.commit_smem()
@@ -388,15 +428,15 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
               # flight, so the previous tile's amax store, issued before it, has
               # finished reading amax_smem[wg].
               for ii, maxima in enumerate((*row_maxima, row_max)):
-                amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(
-                    maxima, jnp.float32)
+                amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(maxima, jnp.float32)
           y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
           if amax_smem is not None and last_chunk:
             plgpu.copy_smem_to_gmem(
-                amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm)))
+                amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
+            )
         row_maxima.append(row_max)
 
     def _row_abs_max(y, first_col):
@@ -419,25 +459,32 @@ def _kernel(a_gmem, b_gmem, bias_gmem, row_bias_gmem, c_gmem, residual_gmem, sca
   pl.run_scoped(
       scoped,
       ring_refs=pipeline.ring_scratch(
-          cfg.stages, [(a_block, a_gmem.dtype, p.a_transforms), (b_block, b_gmem.dtype, p.b_transforms)],
-          cluster=cfg.cluster_size > 1),
+          cfg.stages,
+          [(a_block, a_gmem.dtype, p.a_transforms), (b_block, b_gmem.dtype, p.b_transforms)],
+          cluster=cfg.cluster_size > 1,
+      ),
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
       bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
       bias_loaded=None if bias_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2),
       c_loaded=None if c_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
       row_bias_smem=None if row_bias_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
-      row_bias_loaded=None if row_bias_gmem is None else plgpu.Barrier(
-          num_arrivals=1, num_barriers=2),
-      res_smem=None if residual_gmem is None else plgpu.SMEM(
-          (2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
-      res_loaded=None if residual_gmem is None else plgpu.Barrier(
-          num_arrivals=1, num_barriers=2 * slots),
+      row_bias_loaded=None
+      if row_bias_gmem is None
+      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
+      res_smem=None
+      if residual_gmem is None
+      else plgpu.SMEM((2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
+      res_loaded=None
+      if residual_gmem is None
+      else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
       row_scale_smem=None if row_scale_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
-      row_scale_loaded=None if row_scale_gmem is None else plgpu.Barrier(
-          num_arrivals=1, num_barriers=2),
+      row_scale_loaded=None
+      if row_scale_gmem is None
+      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
       col_scale_smem=None if col_scale_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
-      col_scale_loaded=None if col_scale_gmem is None else plgpu.Barrier(
-          num_arrivals=1, num_barriers=2),
+      col_scale_loaded=None
+      if col_scale_gmem is None
+      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
       amax_smem=None if amax_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       collective_axes="wg",
   )
@@ -468,8 +515,10 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
     a_spec = smem.operand_spec(problem.dtype, (a_rows, tk), a_major, a_minor, swizzle=width)
     b_spec = smem.operand_spec(problem.dtype_b, (b_rows, tk), b_major, b_minor, swizzle=width)
     if a_spec is not None and b_spec is not None:
-      return (smem.tile_transforms(problem.dtype, width, (tm, tk), a_major),
-              smem.tile_transforms(problem.dtype_b, width, (tn, tk), b_major))
+      return (
+          smem.tile_transforms(problem.dtype, width, (tm, tk), a_major),
+          smem.tile_transforms(problem.dtype_b, width, (tn, tk), b_major),
+      )
   return None
 
 
@@ -481,11 +530,24 @@ def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> s
   return f"pallas_gemm_{batch}{problem.m}x{problem.n}x{problem.k}_{layout}{act}"
 
 
-def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalars=None,
-                row_scale=None, col_scale=None, valid_n=None,
-                problem: GemmProblem, config: GemmConfig,
-                epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
-                return_pre: bool = False, interpret=None):
+def hopper_gemm(
+    a,
+    b,
+    bias=None,
+    c=None,
+    *,
+    row_bias=None,
+    residual=None,
+    scalars=None,
+    row_scale=None,
+    col_scale=None,
+    valid_n=None,
+    problem: GemmProblem,
+    config: GemmConfig,
+    epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
+    return_pre: bool = False,
+    interpret=None,
+):
   """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
 
   Traced and lowered once per distinct kernel in a program (`compile_once`).
@@ -515,29 +577,75 @@ def hopper_gemm(a, b, bias=None, c=None, *, row_bias=None, residual=None, scalar
     (wg_n = `config.wg_tile[1]` columns), before fp8 output scaling, columns
     >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
   """
-  return _launch(a, b, bias, c, row_bias=row_bias, residual=residual, scalars=scalars,
-                 row_scale=row_scale, col_scale=col_scale, valid_n=valid_n, problem=problem,
-                 config=config, epilogue=epilogue, return_pre=return_pre, interpret=interpret,
-                 experiment=tuple(sorted(EXPERIMENT_COMPILER_PARAMS.items())))
+  return _launch(
+      a,
+      b,
+      bias,
+      c,
+      row_bias=row_bias,
+      residual=residual,
+      scalars=scalars,
+      row_scale=row_scale,
+      col_scale=col_scale,
+      valid_n=valid_n,
+      problem=problem,
+      config=config,
+      epilogue=epilogue,
+      return_pre=return_pre,
+      interpret=interpret,
+      experiment=tuple(sorted(EXPERIMENT_COMPILER_PARAMS.items())),
+  )
 
 
-@compile_once.kernel_entry(static_argnames=(
-    "valid_n", "problem", "config", "epilogue", "return_pre", "interpret", "experiment"))
-def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale, valid_n,
-            problem, config, epilogue, return_pre, interpret, experiment):
+@compile_once.kernel_entry(
+    static_argnames=(
+        "valid_n",
+        "problem",
+        "config",
+        "epilogue",
+        "return_pre",
+        "interpret",
+        "experiment",
+    )
+)
+def _launch(
+    a,
+    b,
+    bias,
+    c,
+    *,
+    row_bias,
+    residual,
+    scalars,
+    row_scale,
+    col_scale,
+    valid_n,
+    problem,
+    config,
+    epilogue,
+    return_pre,
+    interpret,
+    experiment,
+):
   config.validate(problem)
   if config.stream_k and interpret is not None:
-    raise ValueError("GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
-                     "semaphores of the stream-K reduction; use stream_k=False")
+    raise ValueError(
+        "GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
+        "semaphores of the stream-K reduction; use stream_k=False"
+    )
   if config.k_splits(problem)[0] > 1 and (
-      config.kernel_problem(problem) != problem or epilogue != epilogue_lib.EpilogueSpec()):
-    raise ValueError(f"GemmConfig.split_k={config.split_k}: a split-K launch writes f32 partial "
-                     "sums without an epilogue (pass problem=config.kernel_problem(problem) and "
-                     "no epilogue; `matmul` sums the slices and applies the epilogue)")
+      config.kernel_problem(problem) != problem or epilogue != epilogue_lib.EpilogueSpec()
+  ):
+    raise ValueError(
+        f"GemmConfig.split_k={config.split_k}: a split-K launch writes f32 partial "
+        "sums without an epilogue (pass problem=config.kernel_problem(problem) and "
+        "no epilogue; `matmul` sums the slices and applies the epilogue)"
+    )
   ab_transforms = _operand_transforms(problem, config, a.shape[-1], b.shape[-1])
   if ab_transforms is None:
     raise ValueError(
-        f"A {a.shape} and B {b.shape} have no common TMA swizzle; pad their minor dims")
+        f"A {a.shape} and B {b.shape} have no common TMA swizzle; pad their minor dims"
+    )
   em, en = config.epilogue_shape
   out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
   if out_swizzle is None:
@@ -550,10 +658,17 @@ def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale,
     residual_transforms = smem.tile_transforms(residual.dtype, res_swizzle, (em, en))
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
-  plan = _Plan(problem, config, epilogue, *ab_transforms,
-               smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)), residual_transforms,
-               valid_n=problem.n if valid_n is None else valid_n, return_pre=return_pre,
-               workers=num_sms // config.cluster_size)
+  plan = _Plan(
+      problem,
+      config,
+      epilogue,
+      *ab_transforms,
+      smem.tile_transforms(problem.out_dtype, out_swizzle, (em, en)),
+      residual_transforms,
+      valid_n=problem.n if valid_n is None else valid_n,
+      return_pre=return_pre,
+      workers=num_sms // config.cluster_size,
+  )
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:
     lead = (plan.splits * problem.batch,)
@@ -562,8 +677,11 @@ def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale,
   extra_params = {}
   if problem.amax:
     cm, cn = config.cluster
-    amax_shape = (*lead, plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
-                  plan.cluster_tiles[0] * cm * config.tile_m)
+    amax_shape = (
+        *lead,
+        plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
+        plan.cluster_tiles[0] * cm * config.tile_m,
+    )
     out_type += (jax.ShapeDtypeStruct(amax_shape, jnp.float32),)
     # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
     extra_params["reduction_scratch_bytes"] = 0
@@ -573,11 +691,13 @@ def _launch(a, b, bias, c, *, row_bias, residual, scalars, row_scale, col_scale,
   kernel = pipeline.launch(
       compile_once.named_body(_kernel_name(problem, epilogue), _kernel, p=plan),
       out_type=out_type if len(out_type) > 1 else out_type[0],
-      workers=plan.workers, cluster_size=config.cluster_size,
+      workers=plan.workers,
+      cluster_size=config.cluster_size,
       compiler_params=_compat.compiler_params(
-          approx_math=_use_approx_math(problem, epilogue), **extra_params,
-          **dict(experiment)),
-      interpret=interpret)
+          approx_math=_use_approx_math(problem, epilogue), **extra_params, **dict(experiment)
+      ),
+      interpret=interpret,
+  )
   results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
   if len(out_type) == 1:
     return results

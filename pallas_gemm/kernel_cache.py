@@ -55,8 +55,9 @@ def launch(fn, static: dict, args: tuple, kwargs: dict | None = None):
     return fn(*a, **kw, **static)
 
   closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
-  outs = kernel_p.bind(*flat, jaxpr=closed,
-                       key=entry_key(fn, static, tree, [jax.typeof(x) for x in flat]))
+  outs = kernel_p.bind(
+      *flat, jaxpr=closed, key=entry_key(fn, static, tree, [jax.typeof(x) for x in flat])
+  )
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
 
@@ -67,9 +68,16 @@ def entry_key(fn, static: dict, tree, avals) -> str | None:
   if " at 0x" in static_text:
     return None
   device = jax.devices()[0]
-  parts = (source_hash(), jax.__version__, device.device_kind,
-           str(getattr(device, "core_count", "")), f"{fn.__module__}.{fn.__qualname__}",
-           static_text, str(tree), str(avals))
+  parts = (
+      source_hash(),
+      jax.__version__,
+      device.device_kind,
+      str(getattr(device, "core_count", "")),
+      f"{fn.__module__}.{fn.__qualname__}",
+      static_text,
+      str(tree),
+      str(avals),
+  )
   return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -139,7 +147,8 @@ def _lower(ctx, *args, jaxpr, key):
         "stablehlo.custom_call",
         results=[mlir.ir.Type.parse(t) for t in stored["results"]],
         operands=_flat(args),
-        attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()})
+        attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()},
+    )
     return list(op.results)
   except (OSError, ValueError, KeyError, TypeError):
     pass  # not stored, or unreadable: lower it
@@ -172,8 +181,10 @@ def _single_custom_call(outs, operands) -> dict | None:
     return None
   if list(op.results) != outs or list(op.operands) != list(operands):
     return None
-  return {"results": [str(v.type) for v in outs],
-          "attributes": {name: str(op.attributes[name]) for name in op.attributes}}
+  return {
+      "results": [str(v.type) for v in outs],
+      "attributes": {name: str(op.attributes[name]) for name in op.attributes},
+  }
 
 
 def _write(path: pathlib.Path, content: dict) -> None:

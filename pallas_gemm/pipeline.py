@@ -61,15 +61,21 @@ def ring_scratch(stages: int, buffers: Sequence[tuple], *, cluster: bool = False
       multicast): `consumed` is a cluster barrier, so that a CTA refills a slot
       only once every CTA that reads the multicast copy has released it.
   """
-  smem = tuple(plgpu.SMEM((stages, *shape), dtype, transforms=transforms)
-               for shape, dtype, transforms in buffers)
+  smem = tuple(
+      plgpu.SMEM((stages, *shape), dtype, transforms=transforms)
+      for shape, dtype, transforms in buffers
+  )
   if cluster:
-    consumed = plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=CONSUMERS,
-                                    num_barriers=stages)
+    consumed = plgpu.ClusterBarrier(
+        collective_axes=("cluster",), num_arrivals=CONSUMERS, num_barriers=stages
+    )
   else:
     consumed = plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages)
-  return dict(buffers=smem, loaded=plgpu.Barrier(num_arrivals=len(buffers), num_barriers=stages),
-              consumed=consumed)
+  return dict(
+      buffers=smem,
+      loaded=plgpu.Barrier(num_arrivals=len(buffers), num_barriers=stages),
+      consumed=consumed,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +97,12 @@ class Ring:
   @classmethod
   def of(cls, scratch: dict) -> "Ring":
     """The ring over the refs that `ring_scratch`'s allocations became."""
-    return cls(tuple(scratch["buffers"]), scratch["loaded"], scratch["consumed"],
-               scratch["buffers"][0].shape[0])
+    return cls(
+        tuple(scratch["buffers"]),
+        scratch["loaded"],
+        scratch["consumed"],
+        scratch["buffers"][0].shape[0],
+    )
 
   def slot(self, step):
     return lax.rem(step, self.stages)
@@ -109,12 +119,12 @@ class Ring:
 
     collective = tuple(collective) or (None,) * len(sources)
     for source, buffer, axes in zip(sources, self.buffers, collective, strict=True):
-      plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot],
-                              collective_axes=axes)
+      plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot], collective_axes=axes)
 
   def drain(self, steps) -> None:
     """Producer, after its last `fill`: waits until the last stages are released, so
     that no peer CTA arrives on (or multicasts into) this CTA's SMEM after it exits."""
+
     @pl.loop(jnp.maximum(steps - self.stages, 0), steps)
     def _(step):
       plgpu.barrier_wait(self.consumed.at[self.slot(step)])
@@ -127,6 +137,7 @@ class Ring:
     one's WGMMA is issued and its own has completed, the last after the loop.
     Bounds may be Python ints or traced scalars (an empty range consumes nothing).
     """
+
     @pl.loop(k_begin, k_end)
     def _(k):
       step = step0 + k - k_begin
@@ -152,6 +163,7 @@ class Ring:
   def skip(self, step0, count) -> None:
     """Consumer: lets `count` stages from step0 pass unread (wait, release), as a
     ping-pong consumer does for the other consumer's tiles."""
+
     @pl.loop(0, count)
     def _(k):
       slot = self.slot(step0 + k)
@@ -159,8 +171,9 @@ class Ring:
       plgpu.barrier_arrive(self.consumed.at[slot])
 
 
-def persistent_loop(num_items: int, visit: Callable, *, steps_of: int | None = None,
-                    workers: int | None = None):
+def persistent_loop(
+    num_items: int, visit: Callable, *, steps_of: int | None = None, workers: int | None = None
+):
   """Runs this CTA's share of work items 0..num_items-1 (round-robin over the
   `workers` CTAs of grid axis "sm", as `plgpu.nd_loop` deals them) and returns
   the ring steps they used.
@@ -170,6 +183,7 @@ def persistent_loop(num_items: int, visit: Callable, *, steps_of: int | None = N
   uses that many; then `workers` is required), steps are computed, not carried.
   """
   if steps_of is not None:
+
     @plgpu.nd_loop((num_items,), collective_axes="sm")
     def _(info):
       visit(info.index[0], info.local_index, info.local_index * steps_of)
@@ -187,6 +201,7 @@ def persistent_loop(num_items: int, visit: Callable, *, steps_of: int | None = N
 def warp_specialized(producer: Callable, consumer: Callable) -> None:
   """Runs `producer` on the last warpgroup and `consumer` on the others, after
   moving registers from the producer (`MEMORY_REGISTERS`) to the consumers."""
+
   def produce():
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
     producer()
@@ -198,8 +213,15 @@ def warp_specialized(producer: Callable, consumer: Callable) -> None:
   lax.cond(lax.axis_index("wg") == CONSUMERS, produce, consume)
 
 
-def launch(body: Callable, *, out_type, workers: int, cluster_size: int = 1,
-           compiler_params=None, interpret=None):
+def launch(
+    body: Callable,
+    *,
+    out_type,
+    workers: int,
+    cluster_size: int = 1,
+    compiler_params=None,
+    interpret=None,
+):
   """The `plgpu.kernel` of a warp-specialized persistent kernel: `workers` CTAs (or
   clusters) on grid axis "sm", `CONSUMERS + 1` warpgroups on axis "wg"."""
   cluster_kwargs = {}

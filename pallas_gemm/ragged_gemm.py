@@ -139,17 +139,23 @@ class RaggedConfig:
         ((self.stages, self.tile_m, self.tile_k), problem.dtype),
         ((self.stages, self.tile_k, self.tile_n), problem.dtype),
         ((2, 2, em, en), problem.out_dtype),  # swizzled slots
-        ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype))  # boundary staging
+        ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype),
+    )  # boundary staging
 
   def validate(self, problem: RaggedProblem) -> None:
     """Raises ValueError naming the first field that breaks a limit for `problem`."""
+
     def fail(field, msg):
       raise ValueError(f"RaggedConfig.{field}={getattr(self, field)!r}: {msg}")
 
     if problem.dtype not in INPUT_DTYPES:
-      raise ValueError(f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}")
+      raise ValueError(
+          f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}"
+      )
     if problem.out_dtype not in OUTPUT_DTYPES:
-      raise ValueError(f"output dtype {problem.out_dtype} not supported; use one of {OUTPUT_DTYPES}")
+      raise ValueError(
+          f"output dtype {problem.out_dtype} not supported; use one of {OUTPUT_DTYPES}"
+      )
     if self.tile_m != 2 * LADDER_MAX_ROWS:
       fail("tile_m", "must be 128 (two consumer warpgroups of 64 rows)")
     if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
@@ -172,12 +178,18 @@ class RaggedConfig:
     if em != LADDER_MAX_ROWS or self.tile_n % en or en % out_span:
       fail("epilogue_tile", f"must be (64, c) with c dividing tile_n and a multiple of {out_span}")
     if self.tile_n % self.stage_cols(problem.out_dtype):
-      fail("tile_n", f"must be a multiple of {self.stage_cols(problem.out_dtype)} (the boundary "
-                     f"staging chunk: {STAGE_ROW_BYTES}-byte rows for aligned TMA stores)")
+      fail(
+          "tile_n",
+          f"must be a multiple of {self.stage_cols(problem.out_dtype)} (the boundary "
+          f"staging chunk: {STAGE_ROW_BYTES}-byte rows for aligned TMA stores)",
+      )
     need = self.smem_bytes(problem)
     if need > smem.LIMIT_BYTES:
-      fail("stages", f"needs {need} bytes of shared memory, the limit is {smem.LIMIT_BYTES} "
-                     "(fewer stages, smaller tiles or a smaller epilogue_tile)")
+      fail(
+          "stages",
+          f"needs {need} bytes of shared memory, the limit is {smem.LIMIT_BYTES} "
+          "(fewer stages, smaller tiles or a smaller epilogue_tile)",
+      )
 
 
 def default_ragged_config(problem: RaggedProblem) -> RaggedConfig:
@@ -188,8 +200,11 @@ def default_ragged_config(problem: RaggedProblem) -> RaggedConfig:
   >>> default_ragged_config(RaggedProblem(m=4096, n=4096, k=4096, groups=8, out_dtype="float32")).stages
   3
   """
-  return smem.deepest(lambda stages: RaggedConfig(stages=stages), (4, 3, 2),
-                      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES)
+  return smem.deepest(
+      lambda stages: RaggedConfig(stages=stages),
+      (4, 3, 2),
+      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES,
+  )
 
 
 def max_items(problem: RaggedProblem, config: RaggedConfig) -> int:
@@ -224,11 +239,11 @@ class _Plan:
 class _Item:
   """What one (group, row box) work item does. All fields are int32 scalars."""
 
-  group: jax.Array    # rhs group; `groups` for the zero tail
-  row0: jax.Array     # first row of the item's tile_m-row box (any row: tiles start at the group)
-  lo: jax.Array       # the group's rows [lo, hi): the item writes those inside its box
+  group: jax.Array  # rhs group; `groups` for the zero tail
+  row0: jax.Array  # first row of the item's tile_m-row box (any row: tiles start at the group)
+  lo: jax.Array  # the group's rows [lo, hi): the item writes those inside its box
   hi: jax.Array
-  active: jax.Array   # False: idle item past the end of the list
+  active: jax.Array  # False: idle item past the end of the list
   compute: jax.Array  # True: run the K loop (a real group, not the tail)
 
 
@@ -266,8 +281,12 @@ def _item_decoder(sizes_gmem, p: _Plan):
   def visit(w, i, start, stop, span, count, item):
     hit = (count <= w) & (w < count + span)
     group, row0, lo, hi = item
-    return (jnp.where(hit, i, group), jnp.where(hit, _box_base(start) + (w - count) * tm, row0),
-            jnp.where(hit, start, lo), jnp.where(hit, stop, hi))
+    return (
+        jnp.where(hit, i, group),
+        jnp.where(hit, _box_base(start) + (w - count) * tm, row0),
+        jnp.where(hit, start, lo),
+        jnp.where(hit, stop, hi),
+    )
 
   def finish(w, count, item):
     group, row0, lo, hi = item
@@ -292,6 +311,7 @@ def _item_decoder(sizes_gmem, p: _Plan):
       for bound in bounds:
         item = visit(w, *bound, item)
       return finish(w, count, item)
+
     return decode
 
   def decode(w):
@@ -306,6 +326,7 @@ def _item_decoder(sizes_gmem, p: _Plan):
     span = span_of(end, jnp.int32(prob.rows))
     item = visit(w, jnp.int32(prob.groups), end, jnp.int32(prob.rows), span, count, item)
     return finish(w, count + span, item)
+
   return decode
 
 
@@ -324,8 +345,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   grid_size = p.m_items * p.n_tiles
 
   def position(decode, tile_index):
-    w, ni = raster.tile_coords(tile_index, p.m_items, p.n_tiles,
-                               group=cfg.group, order=cfg.raster)
+    w, ni = raster.tile_coords(tile_index, p.m_items, p.n_tiles, group=cfg.group, order=cfg.raster)
     return decode(w), ni
 
   def scoped(ring_refs, out_smem, stage_smem):
@@ -346,10 +366,15 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
               rows, cols = pl.ds(ni * tn, tn), pl.ds(k * tk, tk)
             else:
               rows, cols = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
-            ring.fill(step0 + k, (
-                lhs_gmem.at[pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm),
-                            pl.ds(k * tk, tk)],
-                rhs_gmem.at[item.group, rows, cols]))
+            ring.fill(
+                step0 + k,
+                (
+                    lhs_gmem.at[
+                        pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm), pl.ds(k * tk, tk)
+                    ],
+                    rhs_gmem.at[item.group, rows, cols],
+                ),
+            )
 
         return jnp.where(item.compute, p.k_iters, 0)
 
@@ -382,7 +407,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       lo = jnp.clip(item.lo - row0, 0, wm)
       hi = jnp.clip(item.hi - row0, 0, wm)
       full = (lo == 0) & (hi == wm)
-      chunks = [(j, result[:, j * en:(j + 1) * en]) for j in range(wn // en)]
+      chunks = [(j, result[:, j * en : (j + 1) * en]) for j in range(wn // en)]
       # With an odd number of chunks the next item's first chunk reuses the slot
       # of this item's last one, so only an even count may keep one store in flight.
       in_flight = stores.in_flight(len(chunks))
@@ -390,16 +415,20 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
       @pl.when(full)
       def _():
         for j, y in chunks:
-          stores.store(out_smem.at[wg], j, y.astype(out_dtype),
-                       out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)],
-                       in_flight=in_flight)
+          stores.store(
+              out_smem.at[wg],
+              j,
+              y.astype(out_dtype),
+              out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)],
+              in_flight=in_flight,
+          )
 
       @pl.when(jnp.logical_not(full) & (hi > lo))
       def _():
         stage = stage_smem.at[wg]
         for j in range(wn // sn):
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          stage[...] = result[:, j * sn:(j + 1) * sn].astype(out_dtype)
+          stage[...] = result[:, j * sn : (j + 1) * sn].astype(out_dtype)
           plgpu.commit_smem()
           cols = pl.ds(ni * tn + j * sn, sn)
           start, rows = lo, hi - lo  # 1 <= rows < 64 here (64 rows is the full path)
@@ -410,7 +439,8 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
             @pl.when((rows & this) != 0)
             def _():
               plgpu.copy_smem_to_gmem(
-                  stage.at[pl.ds(start, this)], out_gmem.at[pl.ds(row0 + start, this), cols])
+                  stage.at[pl.ds(start, this)], out_gmem.at[pl.ds(row0 + start, this), cols]
+              )
 
             start = start + (rows & this)
             size //= 2
@@ -419,8 +449,9 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
   pl.run_scoped(
       scoped,
-      ring_refs=pipeline.ring_scratch(cfg.stages, [((tm, tk), in_dtype, ab_tf),
-                                                   (rhs_block, in_dtype, ab_tf)]),
+      ring_refs=pipeline.ring_scratch(
+          cfg.stages, [((tm, tk), in_dtype, ab_tf), (rhs_block, in_dtype, ab_tf)]
+      ),
       out_smem=plgpu.SMEM((pipeline.CONSUMERS, slots, em, en), out_dtype, transforms=out_tf),
       stage_smem=plgpu.SMEM((pipeline.CONSUMERS, em, sn), out_dtype),
       collective_axes="wg",
@@ -428,8 +459,9 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
 
 @compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
-def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: RaggedConfig,
-                interpret=None):
+def ragged_gemm(
+    lhs, rhs, group_sizes, *, problem: RaggedProblem, config: RaggedConfig, interpret=None
+):
   """Runs the kernel on arrays already laid out for TMA (see `ragged_dot` for the API).
 
   Args:
@@ -443,7 +475,9 @@ def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: Ragged
   config.validate(problem)
   ab_swizzle = smem.widest_swizzle(lhs.dtype, config.tile_k, lhs.shape[-1], rhs.shape[-1])
   if ab_swizzle is None:
-    raise ValueError(f"lhs {lhs.shape} and rhs {rhs.shape} have no common TMA swizzle; pad their minor dims")
+    raise ValueError(
+        f"lhs {lhs.shape} and rhs {rhs.shape} have no common TMA swizzle; pad their minor dims"
+    )
   en = config.epilogue_tile[1]
   out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
   if out_swizzle is None:
@@ -453,5 +487,7 @@ def ragged_gemm(lhs, rhs, group_sizes, *, problem: RaggedProblem, config: Ragged
   kernel = pipeline.launch(
       compile_once.named_body("pallas_gemm_ragged", _kernel, p=plan),
       out_type=jax.ShapeDtypeStruct((problem.rows, problem.n), jnp.dtype(problem.out_dtype)),
-      workers=num_sms, interpret=interpret)
+      workers=num_sms,
+      interpret=interpret,
+  )
   return kernel(group_sizes.astype(jnp.int32), lhs, rhs)

@@ -39,7 +39,7 @@ from pallas_gemm.ragged_gemm import UNROLL_GROUPS
 
 @dataclasses.dataclass(frozen=True)
 class TgmmProblem:
-  m: int        # rows shared by x and y (the ragged contraction)
+  m: int  # rows shared by x and y (the ragged contraction)
   p: int
   q: int
   groups: int
@@ -65,22 +65,29 @@ class TgmmConfig:
     return self.tile_p, self.tile_q // 2
 
   def smem_bytes(self, problem: TgmmProblem) -> int:
-    return smem.footprint(((self.stages, self.tile_r, self.tile_p), problem.dtype),
-                          ((self.stages, self.tile_r, self.tile_q), problem.dtype),
-                          ((2, 2, 64, 64), problem.out_dtype))
+    return smem.footprint(
+        ((self.stages, self.tile_r, self.tile_p), problem.dtype),
+        ((self.stages, self.tile_r, self.tile_q), problem.dtype),
+        ((2, 2, 64, 64), problem.out_dtype),
+    )
 
   def validate(self, problem: TgmmProblem) -> None:
     def fail(field, msg):
       raise ValueError(f"TgmmConfig.{field}={getattr(self, field)!r}: {msg}")
 
     if problem.dtype not in INPUT_DTYPES:
-      raise ValueError(f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}")
+      raise ValueError(
+          f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}"
+      )
     span = smem.swizzle_span(problem.dtype, 128)
     if self.tile_p % span or not span <= self.tile_p <= 256:
       fail("tile_p", f"must be a multiple of {span} and <= 256")
     wm, wn = self.wg_tile
     if self.tile_q % (2 * span) or wn > 256 or wm * wn > 128 * 128:
-      fail("tile_q", f"must be a multiple of {2 * span}, with a per-warpgroup accumulator of at most 128x128")
+      fail(
+          "tile_q",
+          f"must be a multiple of {2 * span}, with a per-warpgroup accumulator of at most 128x128",
+      )
     if self.tile_r % span:
       fail("tile_r", f"must be a multiple of {span}")
     if self.stages < 2:
@@ -93,14 +100,20 @@ class TgmmConfig:
 
 
 def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
-  return smem.deepest(lambda stages: TgmmConfig(stages=stages), (4, 3, 2),
-                      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES)
+  return smem.deepest(
+      lambda stages: TgmmConfig(stages=stages),
+      (4, 3, 2),
+      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES,
+  )
 
 
 def _group_rows(sizes_gmem, g, problem: TgmmProblem):
   """[start, end) rows of group g (sizes clamped to >= 0, ends cut at m)."""
+
   def body(i, start):  # sizes clipped before adding: offsets stay <= m, no int32 overflow
-    return start + jnp.where(i < g, jnp.minimum(jnp.maximum(sizes_gmem[i], 0), problem.m - start), 0)
+    return start + jnp.where(
+        i < g, jnp.minimum(jnp.maximum(sizes_gmem[i], 0), problem.m - start), 0
+    )
 
   start = jnp.int32(0)
   if problem.groups <= UNROLL_GROUPS:
@@ -126,8 +139,9 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
   in_flight = stores.in_flight((wm // em) * (wn // en))
 
   def position(index):
-    gp, qi = raster.tile_coords(index, prob.groups * p_tiles, q_tiles,
-                                group=cfg.group, order=cfg.raster)
+    gp, qi = raster.tile_coords(
+        index, prob.groups * p_tiles, q_tiles, group=cfg.group, order=cfg.raster
+    )
     g, pi = lax.div(gp, p_tiles), lax.rem(gp, p_tiles)
     start, end = _group_rows(sizes_gmem, g, prob)
     first = lax.div(start, tr)
@@ -145,8 +159,9 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
         @pl.loop(0, count)
         def _(c):
           rows = pl.ds((first + c) * tr, tr)
-          ring.fill(step0 + c, (x_gmem.at[rows, pl.ds(pi * tp, tp)],
-                                y_gmem.at[rows, pl.ds(qi * tq, tq)]))
+          ring.fill(
+              step0 + c, (x_gmem.at[rows, pl.ds(pi * tp, tp)], y_gmem.at[rows, pl.ds(qi * tq, tq)])
+          )
 
         return count
 
@@ -178,10 +193,12 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
           for i in range(wm // em):
             for j in range(wn // en):
               stores.store(
-                  out_smem.at[wg], i * (wn // en) + j,
-                  result[i * em:(i + 1) * em, j * en:(j + 1) * en].astype(out_dtype),
+                  out_smem.at[wg],
+                  i * (wn // en) + j,
+                  result[i * em : (i + 1) * em, j * en : (j + 1) * en].astype(out_dtype),
                   out_gmem.at[g, pl.ds(pi * tp + i * em, em), pl.ds(col0 + j * en, en)],
-                  in_flight=in_flight)
+                  in_flight=in_flight,
+              )
 
         return count
 
@@ -192,10 +209,10 @@ def _kernel(sizes_gmem, x_gmem, y_gmem, out_gmem, *, problem, config, swizzle, o
 
   pl.run_scoped(
       scoped,
-      ring_refs=pipeline.ring_scratch(cfg.stages, [((tr, tp), in_dtype, tf),
-                                                   ((tr, tq), in_dtype, tf)]),
-      out_smem=plgpu.SMEM((pipeline.CONSUMERS, stores.slots, em, en), out_dtype,
-                          transforms=out_tf),
+      ring_refs=pipeline.ring_scratch(
+          cfg.stages, [((tr, tp), in_dtype, tf), ((tr, tq), in_dtype, tf)]
+      ),
+      out_smem=plgpu.SMEM((pipeline.CONSUMERS, stores.slots, em, en), out_dtype, transforms=out_tf),
       collective_axes="wg",
   )
 
@@ -215,9 +232,18 @@ def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, 
   out_swizzle = smem.widest_swizzle(problem.out_dtype, 64, problem.q)
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   kernel = pipeline.launch(
-      compile_once.named_body("pallas_gemm_ragged_tgmm", _kernel, problem=problem,
-                              config=config, swizzle=swizzle, out_swizzle=out_swizzle),
-      out_type=jax.ShapeDtypeStruct((problem.groups, problem.p, problem.q),
-                                    jnp.dtype(problem.out_dtype)),
-      workers=num_sms, interpret=interpret)
+      compile_once.named_body(
+          "pallas_gemm_ragged_tgmm",
+          _kernel,
+          problem=problem,
+          config=config,
+          swizzle=swizzle,
+          out_swizzle=out_swizzle,
+      ),
+      out_type=jax.ShapeDtypeStruct(
+          (problem.groups, problem.p, problem.q), jnp.dtype(problem.out_dtype)
+      ),
+      workers=num_sms,
+      interpret=interpret,
+  )
   return kernel(group_sizes.astype(jnp.int32), x, y)

@@ -96,12 +96,16 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
     return "xla", f"K={problem.k} < {MIN_K}: one partial K step (XLA is faster at tiny K)"
   t = roofline_us(problem)
   if t < MIN_ROOFLINE_US:
-    return "xla", (f"{t:.1f} us at the roofline < {MIN_ROOFLINE_US}: fixed costs dominate "
-                   "(the kernel's are ~1 us more than cuBLAS's)")
+    return "xla", (
+        f"{t:.1f} us at the roofline < {MIN_ROOFLINE_US}: fixed costs dominate "
+        "(the kernel's are ~1 us more than cuBLAS's)"
+    )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
   memory_bound = 2.0 * problem.batch * problem.m * problem.n * problem.k / PEAK_FLOPS < (
-      own / HBM_BYTES_PER_S)
+      own / HBM_BYTES_PER_S
+  )
   if memory_bound and copied > MAX_COPY_FRACTION * own:
-    return "xla", (f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's "
-                   f"{own / 1e6:.1f} MB")
+    return "xla", (
+        f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"
+    )
   return "pallas", "the kernel"

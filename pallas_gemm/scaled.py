@@ -39,13 +39,24 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
-from pallas_gemm.gemm import (IMPLEMENTATIONS, epilogue_spec, kernel_gemm, gemm_problem,
-                                xla_gemm)
+from pallas_gemm.gemm import (IMPLEMENTATIONS, epilogue_spec, kernel_gemm, gemm_problem, xla_gemm)
 
 
-def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=None,
-                  out_scale=None, return_amax=False, transpose_b=True,
-                  config: GemmConfig | None = None, implementation: str | None = None):
+def scaled_matmul(
+    a,
+    b,
+    a_scale,
+    b_scale,
+    *,
+    out_dtype,
+    bias=None,
+    activation=None,
+    out_scale=None,
+    return_amax=False,
+    transpose_b=True,
+    config: GemmConfig | None = None,
+    implementation: str | None = None,
+):
   """`act(a_scale * b_scale * (a @ b) + bias)`, fp8 operands, f32 accumulation, one kernel.
 
   Args:
@@ -78,8 +89,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
   `pallas_gemm.flax.Fp8Linear`.
   """
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, "
-                     f"got {implementation!r}")
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, " f"got {implementation!r}")
   if config is not None and not isinstance(config, GemmConfig):
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
   if not isinstance(return_amax, bool):
@@ -106,8 +116,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
     if scale.shape == ():
       per_tensor = per_tensor * scale
   scalars = jnp.stack([per_tensor, jnp.float32(1) if out_scale is None else out_scale])
-  vectors = dict(row_scale=a_scale if a_scale.shape else None,
-                 col_scale=b_scale if b_scale.shape else None)
+  vectors = dict(
+      row_scale=a_scale if a_scale.shape else None, col_scale=b_scale if b_scale.shape else None
+  )
   if bias is not None:
     bias = jnp.asarray(bias, jnp.float32)
   if implementation is None:
@@ -117,14 +128,25 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype, bias=None, activation=No
     raise NotImplementedError(
         f"the GPU interpreter of jax {jax.__version__} cannot run fp8 operands (the kernel "
         "reads B through a transposed shared-memory view); use jax >= 0.11 or "
-        "implementation='xla'")
+        "implementation='xla'"
+    )
   if implementation == "xla":
-    return xla_gemm(a, b, problem, spec, bias, None, scalars=scalars,
-                                  amax=return_amax, **vectors)
+    return xla_gemm(a, b, problem, spec, bias, None, scalars=scalars, amax=return_amax, **vectors)
   return kernel_gemm(
-      a, b, problem, batch_shape, spec, bias, None, config,
-      interpret=implementation == "interpret", autotune=None, scalars=scalars,
-      amax=return_amax, **vectors)
+      a,
+      b,
+      problem,
+      batch_shape,
+      spec,
+      bias,
+      None,
+      config,
+      interpret=implementation == "interpret",
+      autotune=None,
+      scalars=scalars,
+      amax=return_amax,
+      **vectors,
+  )
 
 
 def _scale(name, value, extent, dim):
@@ -134,7 +156,8 @@ def _scale(name, value, extent, dim):
   except TypeError as e:
     raise TypeError(f"{name} must be a real scalar or array, got {type(value).__name__}") from e
   if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)) or (
-      x.dtype == jnp.bool_):
+      x.dtype == jnp.bool_
+  ):
     raise TypeError(f"{name} must be a real number or array, got dtype {x.dtype}")
   if x.shape in ((), (1,)):
     return x.reshape(()).astype(jnp.float32)
@@ -148,8 +171,17 @@ BACKWARDS = ("bf16", "e5m2")
 """`fp8_linear(backward=...)`: the operands of the backward GEMMs."""
 
 
-def fp8_linear(x, kernel, bias, x_scale, kernel_scale, *, out_dtype=jnp.bfloat16,
-               backward: str = "bf16", implementation: str | None = None):
+def fp8_linear(
+    x,
+    kernel,
+    bias,
+    x_scale,
+    kernel_scale,
+    *,
+    out_dtype=jnp.bfloat16,
+    backward: str = "bf16",
+    implementation: str | None = None,
+):
   """`x @ kernel + bias` with x and kernel quantized to e4m3 by the given scales; differentiable.
 
   Args:
@@ -177,8 +209,16 @@ def fp8_linear(x, kernel, bias, x_scale, kernel_scale, *, out_dtype=jnp.bfloat16
   """
   if backward not in BACKWARDS:
     raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-  return _fp8_dense(jnp.dtype(out_dtype).name, implementation, backward, x, kernel, bias,
-                    jnp.asarray(x_scale, jnp.float32), jnp.asarray(kernel_scale, jnp.float32))
+  return _fp8_dense(
+      jnp.dtype(out_dtype).name,
+      implementation,
+      backward,
+      x,
+      kernel,
+      bias,
+      jnp.asarray(x_scale, jnp.float32),
+      jnp.asarray(kernel_scale, jnp.float32),
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -186,8 +226,15 @@ def _fp8_dense(out_dtype, implementation, backward, x, kernel, bias, x_scale, ke
   del backward  # the backward rule's choice
   x8 = fp8.quantize(x, x_scale)
   w8 = fp8.quantize(kernel.T, kernel_scale)  # (out, in): K-major, as the kernel reads it
-  return scaled_matmul(x8, w8, 1.0 / x_scale, 1.0 / kernel_scale, bias=bias,
-                       out_dtype=out_dtype, implementation=implementation)
+  return scaled_matmul(
+      x8,
+      w8,
+      1.0 / x_scale,
+      1.0 / kernel_scale,
+      bias=bias,
+      out_dtype=out_dtype,
+      implementation=implementation,
+  )
 
 
 def _fp8_dense_fwd(out_dtype, implementation, backward, x, kernel, bias, x_scale, kernel_scale):
@@ -203,17 +250,35 @@ def _fp8_dense_bwd(out_dtype, implementation, backward, saved, g):
     g_scale = fp8.current_scale(g, jnp.float8_e5m2)
     e5m2 = functools.partial(fp8.quantize, scale=g_scale, dtype=jnp.float8_e5m2)
     # dx (M, K) = g (M, N) . kernel (K, N)^T: the kernel (in, out) is already (N_out=K, contracted).
-    dx = scaled_matmul(e5m2(g), fp8.quantize(kernel, kernel_scale), 1.0 / g_scale,
-                       1.0 / kernel_scale, out_dtype=x.dtype, implementation=implementation)
+    dx = scaled_matmul(
+        e5m2(g),
+        fp8.quantize(kernel, kernel_scale),
+        1.0 / g_scale,
+        1.0 / kernel_scale,
+        out_dtype=x.dtype,
+        implementation=implementation,
+    )
     # dkernel (K, N) = x^T (K, M) . g (M, N): both operands transposed while quantized.
-    dkernel = scaled_matmul(fp8.quantize(x.T, x_scale), e5m2(g.T), 1.0 / x_scale, 1.0 / g_scale,
-                            out_dtype=jnp.float32, implementation=implementation)
+    dkernel = scaled_matmul(
+        fp8.quantize(x.T, x_scale),
+        e5m2(g.T),
+        1.0 / x_scale,
+        1.0 / g_scale,
+        out_dtype=jnp.float32,
+        implementation=implementation,
+    )
   else:
     dx = autodiff.matmul(g, kernel, transpose_b=True, implementation=implementation)
-    dkernel = autodiff.matmul(x, g, transpose_a=True, out_dtype=jnp.float32,
-                              implementation=implementation)
-  return (dx, dkernel.astype(kernel.dtype), dbias, jnp.zeros_like(x_scale),
-          jnp.zeros_like(kernel_scale))
+    dkernel = autodiff.matmul(
+        x, g, transpose_a=True, out_dtype=jnp.float32, implementation=implementation
+    )
+  return (
+      dx,
+      dkernel.astype(kernel.dtype),
+      dbias,
+      jnp.zeros_like(x_scale),
+      jnp.zeros_like(kernel_scale),
+  )
 
 
 _fp8_dense.defvjp(_fp8_dense_fwd, _fp8_dense_bwd)

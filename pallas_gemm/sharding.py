@@ -49,7 +49,7 @@ def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=Non
   specs = {"a": plan.a, "b": plan.b, "bias": (plan.n,), "row_bias": (plan.out[-2],)}
   for name in ("c", "residual"):
     if extras[name] is not None:
-      specs[name] = plan.out[-extras[name].ndim:]
+      specs[name] = plan.out[-extras[name].ndim :]
   arrays = {name: x for name, x in {"a": a, "b": b, **extras}.items() if x is not None}
 
   def local(*values):
@@ -63,8 +63,12 @@ def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=Non
     return batching.finish_epilogue(call, acc, **kw)
 
   sharded = jax.shard_map(
-      local, mesh=mesh, in_specs=tuple(_p(specs[name]) for name in arrays),
-      out_specs=(_p(plan.out),) * 2 if call.return_pre else _p(plan.out), check_vma=False)
+      local,
+      mesh=mesh,
+      in_specs=tuple(_p(specs[name]) for name in arrays),
+      out_specs=(_p(plan.out),) * 2 if call.return_pre else _p(plan.out),
+      check_vma=False,
+  )
   return jax.jit(sharded)(*(reshard(x, specs[name], mesh) for name, x in arrays.items()))
 
 
@@ -120,8 +124,8 @@ class _Plan:
       used.update(entry)
       roles.append(entry)
     *batch, m, n, k = roles
-    a_spec = (*batch[:len(batch_a)], *((k, m) if call.transpose_a else (m, k)))
-    b_spec = (*batch[:len(batch_b)], *((n, k) if call.transpose_b else (k, n)))
+    a_spec = (*batch[: len(batch_a)], *((k, m) if call.transpose_a else (m, k)))
+    b_spec = (*batch[: len(batch_b)], *((n, k) if call.transpose_b else (k, n)))
     return cls(a=a_spec, b=b_spec, out=(*batch, m, n), n=n, k=k)
 
 

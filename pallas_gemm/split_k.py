@@ -75,8 +75,17 @@ class Estimate:
   bound: str  # "compute", "sm intake", "hbm"
 
 
-def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, tile_k: int,
-             stages: int, num_sms: int = 132, hbm_scale: float = 1.0) -> Estimate:
+def estimate(
+    problem: GemmProblem,
+    split_k: int,
+    *,
+    tile_m: int,
+    tile_n: int,
+    tile_k: int,
+    stages: int,
+    num_sms: int = 132,
+    hbm_scale: float = 1.0,
+) -> Estimate:
   """The time model for one split count (see the module docstring); `hbm_scale`
   multiplies the HBM rates (the board's bandwidth over the H100 SXM's).
 
@@ -99,8 +108,9 @@ def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, ti
   stage_bytes = (rows + cols) * tile_k * in_bytes
   intake = min(SM_BYTES_PER_S, stages * stage_bytes / LOAD_LATENCY_S)
   feed = waves * k_iters * stage_bytes / intake
-  out_bytes = problem.batch * problem.m * problem.n * (4 if splits > 1 else
-                                                       _itemsize(problem.out_dtype))
+  out_bytes = (
+      problem.batch * problem.m * problem.n * (4 if splits > 1 else _itemsize(problem.out_dtype))
+  )
   unique = problem.batch * (problem.m + problem.n) * problem.k * in_bytes + splits * out_bytes
   active = min(units, num_sms)
   hbm = (unique / (active * CTA_HBM_BYTES_PER_S) + unique / STREAM_BYTES_PER_S) / hbm_scale
@@ -112,31 +122,62 @@ def estimate(problem: GemmProblem, split_k: int, *, tile_m: int, tile_n: int, ti
   return Estimate(splits, seconds, bound)
 
 
-def choose(problem: GemmProblem, *, tile_m: int, tile_n: int, tile_k: int, stages: int,
-           num_sms: int = 132, hbm_scale: float = 1.0) -> int:
+def choose(
+    problem: GemmProblem,
+    *,
+    tile_m: int,
+    tile_n: int,
+    tile_k: int,
+    stages: int,
+    num_sms: int = 132,
+    hbm_scale: float = 1.0,
+) -> int:
   """The split count `estimate` predicts fastest (1 unless it gains `MIN_GAIN`).
 
   Tried: every count up to one wave of work units, each slice keeping at
   least `MIN_STEPS_PER_SLICE` steps.
   """
-  kw = dict(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, num_sms=num_sms,
-            hbm_scale=hbm_scale)
+  kw = dict(
+      tile_m=tile_m,
+      tile_n=tile_n,
+      tile_k=tile_k,
+      stages=stages,
+      num_sms=num_sms,
+      hbm_scale=hbm_scale,
+  )
   best = best_split(problem, **kw)
   if best is None or best.seconds > MIN_GAIN * estimate(problem, 1, **kw).seconds:
     return 1
   return best.split_k
 
 
-def best_split(problem: GemmProblem, *, tile_m: int, tile_n: int, tile_k: int, stages: int,
-               num_sms: int = 132, hbm_scale: float = 1.0) -> Estimate | None:
+def best_split(
+    problem: GemmProblem,
+    *,
+    tile_m: int,
+    tile_n: int,
+    tile_k: int,
+    stages: int,
+    num_sms: int = 132,
+    hbm_scale: float = 1.0,
+) -> Estimate | None:
   """The fastest predicted split count >= 2 (None if K or the tile count allows none)."""
   steps = tiles(problem.k, tile_k)
   mn_tiles = problem.batch * tiles(problem.m, tile_m) * tiles(problem.n, tile_n)
   most = min(num_sms // mn_tiles, steps // MIN_STEPS_PER_SLICE)
-  kw = dict(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, num_sms=num_sms,
-            hbm_scale=hbm_scale)
-  return min((estimate(problem, s, **kw) for s in range(2, most + 1)),
-             key=lambda e: e.seconds, default=None)
+  kw = dict(
+      tile_m=tile_m,
+      tile_n=tile_n,
+      tile_k=tile_k,
+      stages=stages,
+      num_sms=num_sms,
+      hbm_scale=hbm_scale,
+  )
+  return min(
+      (estimate(problem, s, **kw) for s in range(2, most + 1)),
+      key=lambda e: e.seconds,
+      default=None,
+  )
 
 
 def sum_partials(partials, splits: int):

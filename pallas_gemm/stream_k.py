@@ -80,16 +80,17 @@ class Schedule:
       return step
     if isinstance(step, int):
       return step // (q + 1) if step < head else r + (step - head) // q
-    return jnp.where(step < head, lax.div(step, q + 1),
-                     r + lax.div(jnp.maximum(step - head, 0), q))
+    return jnp.where(step < head, lax.div(step, q + 1), r + lax.div(jnp.maximum(step - head, 0), q))
 
   @property
   def max_contributors(self) -> int:
     """Most workers other than its finisher that one stream-K tile has."""
     if not self.enabled:
       return 0
-    return max(int(self.owner((t + 1) * self.k_iters - 1)) - int(self.owner(t * self.k_iters))
-               for t in range(self.sk_tiles))
+    return max(
+        int(self.owner((t + 1) * self.k_iters - 1)) - int(self.owner(t * self.k_iters))
+        for t in range(self.sk_tiles)
+    )
 
   def segments(self, worker: int) -> list[tuple[int, int, int]]:
     """(tile, first k, end k) of every stream-K segment of `worker`, in order (ints)."""

@@ -24,23 +24,34 @@ from pallas_gemm import tuning_cache
 from pallas_gemm.tuner import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
-_SWEEP = flags.DEFINE_string("sweep", None, "named sweep of pallas_gemm/shapes (llm, training, ...)")
+_SWEEP = flags.DEFINE_string(
+    "sweep", None, "named sweep of pallas_gemm/shapes (llm, training, ...)"
+)
 _M_VALUES = flags.DEFINE_list("m_values", None, "keep only the shapes whose M is one of these")
 _TILE_K = flags.DEFINE_list("tile_k", None, "tile_k values to try (default: all of SearchSpace)")
 _LOG = flags.DEFINE_string("log", None, "append every timed config as a JSON line to this file")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "list the candidate configs per shape; time nothing")
-_CACHE = flags.DEFINE_string("cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the "
-                             "platform's cache directory)")
+_CACHE = flags.DEFINE_string(
+    "cache", None, "cache file (default: $PALLAS_GEMM_CACHE or the " "platform's cache directory)"
+)
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "timed runs per config (median is kept)")
-_L2 = flags.DEFINE_enum("l2", "cold", list(L2_MODES),
-                        "cold: a problem under 4 L2s is timed over several operand sets in turn "
-                        "(operands from HBM, as the benchmark harness does); warm: one set")
+_L2 = flags.DEFINE_enum(
+    "l2",
+    "cold",
+    list(L2_MODES),
+    "cold: a problem under 4 L2s is timed over several operand sets in turn "
+    "(operands from HBM, as the benchmark harness does); warm: one set",
+)
 _DEEPEST_STAGES = flags.DEFINE_integer(
-    "deepest_stages", SearchSpace.deepest_stages,
-    "per tile shape and schedule, how many of the deepest SMEM rings to try (1 halves the search)")
+    "deepest_stages",
+    SearchSpace.deepest_stages,
+    "per tile shape and schedule, how many of the deepest SMEM rings to try (1 halves the search)",
+)
 _REFINE_TOP = flags.DEFINE_integer(
-    "refine_top", SearchSpace.refine_top,
-    "how many of the fastest configs get their raster order and group tuned")
+    "refine_top",
+    SearchSpace.refine_top,
+    "how many of the fastest configs get their raster order and group tuned",
+)
 
 NO_GPU_STATUS = 2
 
@@ -50,8 +61,10 @@ def describe(config) -> str:
   (then ' split_k 4' when K is split)."""
   schedule = config.schedule + ("/" + config.wg_split if config.schedule == "cooperative" else "")
   split = f" split_k {config.split_k}" if config.split_k > 1 else ""
-  return (f"{config.tile_m}x{config.tile_n}x{config.tile_k} s{config.stages} {schedule} "
-          f"cluster {config.cluster[0]}x{config.cluster[1]} {config.raster}/{config.group}{split}")
+  return (
+      f"{config.tile_m}x{config.tile_n}x{config.tile_k} s{config.stages} {schedule} "
+      f"cluster {config.cluster[0]}x{config.cluster[1]} {config.raster}/{config.group}{split}"
+  )
 
 
 def missing_gpu() -> str | None:
@@ -95,9 +108,18 @@ class ProgressBar:
       self.stream.write("\n")
 
 
-def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
-                space: SearchSpace = SearchSpace(), out=None, err=None,
-                timer_factory=CuptiTimer, iterations: int = 20, log: str | None = None) -> int:
+def tune_shapes(
+    shapes,
+    *,
+    dry_run: bool,
+    cache: tuning_cache.TuningCache,
+    space: SearchSpace = SearchSpace(),
+    out=None,
+    err=None,
+    timer_factory=CuptiTimer,
+    iterations: int = 20,
+    log: str | None = None,
+) -> int:
   """Tunes (or, with `dry_run`, lists the candidates of) each `pallas_gemm.shapes.Shape`.
 
   Returns the exit status: 0; 1 if some shape had no config that ran; or
@@ -108,17 +130,21 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
   out, err = out or sys.stdout, err or sys.stderr
   reason = None if dry_run else missing_gpu()
   if reason:
-    err.write(f"pallas_gemm.tune: cannot tune: {reason}. Tuning times kernels on a Hopper GPU; "
-              "--dry-run lists the candidate configs without one.\n")
+    err.write(
+        f"pallas_gemm.tune: cannot tune: {reason}. Tuning times kernels on a Hopper GPU; "
+        "--dry-run lists the candidate configs without one.\n"
+    )
     return NO_GPU_STATUS
   failed = 0
   for i, shape in enumerate(shapes, 1):
     problem, activation = shape.problem()
     candidates = candidate_configs(problem, space)
     name = f" ({shape.name})" if shape.name else ""
-    out.write(f"[{i}/{len(shapes)}] {shape.label}{name}: {len(candidates)} candidates "
-              f"(then raster variants of the fastest {space.refine_top}, and the fastest "
-              f"{space.confirm_top} again in {space.confirm_rounds} interleaved rounds)\n")
+    out.write(
+        f"[{i}/{len(shapes)}] {shape.label}{name}: {len(candidates)} candidates "
+        f"(then raster variants of the fastest {space.refine_top}, and the fastest "
+        f"{space.confirm_top} again in {space.confirm_rounds} interleaved rounds)\n"
+    )
     if dry_run:
       out.writelines(f"    {describe(config)}\n" for config in candidates)
       continue
@@ -134,8 +160,11 @@ def tune_shapes(shapes, *, dry_run: bool, cache: tuning_cache.TuningCache,
     finally:
       if log:
         with open(log, "a", encoding="utf-8") as f:
-          f.writelines(json.dumps({"shape": shape.label, "config": dataclasses.asdict(config),
-                                   "ms": ms}) + "\n" for config, ms in bar.trials)
+          f.writelines(
+              json.dumps({"shape": shape.label, "config": dataclasses.asdict(config), "ms": ms})
+              + "\n"
+              for config, ms in bar.trials
+          )
     bar.close()
     ms = cache.record(tuning_cache.TuningKey.current(problem, activation)).time_ms
     out.write(f"  best {describe(best)}: {ms:.4f} ms, {problem.flops / ms / 1e9:.1f} TFLOP/s\n")
@@ -163,13 +192,20 @@ def main(argv) -> int:
   space = SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
   if _TILE_K.value:
     space = dataclasses.replace(space, tile_k=tuple(int(k) for k in _TILE_K.value))
-  return tune_shapes(_load_shapes(), dry_run=_DRY_RUN.value, cache=cache, space=space,
-                     iterations=_ITERATIONS.value, log=_LOG.value,
-                     timer_factory=functools.partial(CuptiTimer, l2=_L2.value))
+  return tune_shapes(
+      _load_shapes(),
+      dry_run=_DRY_RUN.value,
+      cache=cache,
+      space=space,
+      iterations=_ITERATIONS.value,
+      log=_LOG.value,
+      timer_factory=functools.partial(CuptiTimer, l2=_L2.value),
+  )
 
 
 def parse_flags(argv):
   """absl flag parsing that also accepts dashes in flag names (`--dry-run`)."""
+
   def underscored(arg):
     if not arg.startswith("--"):
       return arg

@@ -42,9 +42,17 @@ from pallas_gemm import raster
 from pallas_gemm import split_k
 from pallas_gemm import tuning_cache
 from pallas_gemm.heuristics import default_config
-from pallas_gemm.config import (CLUSTERS, DEFAULT_NUM_SMS, PARTIAL_EPILOGUE_TILE, SCHEDULES,
-                                WG_SPLITS, GemmConfig, GemmProblem,
-                                default_tile_k, tiles)
+from pallas_gemm.config import (
+    CLUSTERS,
+    DEFAULT_NUM_SMS,
+    PARTIAL_EPILOGUE_TILE,
+    SCHEDULES,
+    WG_SPLITS,
+    GemmConfig,
+    GemmProblem,
+    default_tile_k,
+    tiles,
+)
 
 AUTOTUNE_ENV = "PALLAS_GEMM_AUTOTUNE"
 """Set to 1 to let `matmul` tune shapes the cache does not know (outside jit only)."""
@@ -95,8 +103,14 @@ class SearchSpace:
 
 
 # -- the problem --------------------------------------------------------------
-def make_problem(shape_or_args, dtype="bfloat16", layout: str = "NN", epilogue: str | None = None,
-                 *, out_dtype=None) -> tuple[GemmProblem, str | None]:
+def make_problem(
+    shape_or_args,
+    dtype="bfloat16",
+    layout: str = "NN",
+    epilogue: str | None = None,
+    *,
+    out_dtype=None,
+) -> tuple[GemmProblem, str | None]:
   """The (GemmProblem, activation) that `matmul` would see.
 
   Args:
@@ -131,9 +145,17 @@ def make_problem(shape_or_args, dtype="bfloat16", layout: str = "NN", epilogue: 
     batch, dtype = math.prod(a.shape[:-2] or b.shape[:-2]), a.dtype
   has_bias, has_c, activation = tuning_cache.parse_epilogue(epilogue)
   problem = GemmProblem(
-      m=m, n=n, k=k, batch=batch, dtype=jnp.dtype(dtype).name,
-      out_dtype=jnp.dtype(out_dtype or dtype).name, transpose_a=transpose_a,
-      transpose_b=transpose_b, has_bias=has_bias, has_c=has_c)
+      m=m,
+      n=n,
+      k=k,
+      batch=batch,
+      dtype=jnp.dtype(dtype).name,
+      out_dtype=jnp.dtype(out_dtype or dtype).name,
+      transpose_a=transpose_a,
+      transpose_b=transpose_b,
+      has_bias=has_bias,
+      has_c=has_c,
+  )
   return problem, activation
 
 
@@ -150,14 +172,18 @@ def _fits_problem(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int, c
   """No tile overhangs the problem by a whole row block; clusters need >= 2 tiles to share."""
   overhang = lambda extent, tile: tile < max(TILE_OVERHANG, extent) + TILE_OVERHANG
   cm, cn = cluster
-  return (overhang(problem.m, tile_m) and overhang(problem.n, tile_n)
-          and overhang(problem.k, tile_k)
-          and (cm == 1 or tiles(problem.m, tile_m) >= cm)
-          and (cn == 1 or tiles(problem.n, tile_n) >= cn))
+  return (
+      overhang(problem.m, tile_m)
+      and overhang(problem.n, tile_n)
+      and overhang(problem.k, tile_k)
+      and (cm == 1 or tiles(problem.m, tile_m) >= cm)
+      and (cn == 1 or tiles(problem.n, tile_n) >= cn)
+  )
 
 
-def _split_counts(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int,
-                  space: SearchSpace, num_sms: int) -> list[int]:
+def _split_counts(
+    problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int, space: SearchSpace, num_sms: int
+) -> list[int]:
   """The split_k values worth timing for a tile shape: 1, and the counts of
   `space.split_k` and of the model (`split_k.choose`) that fit the output
   tiles into one wave of work units with at least
@@ -173,8 +199,9 @@ def _split_counts(problem: GemmProblem, tile_m: int, tile_n: int, tile_k: int,
   most = min(num_sms // mn_tiles, tiles(problem.k, tile_k) // split_k.MIN_STEPS_PER_SLICE)
   if most < 2:
     return [1]
-  modelled = split_k.choose(problem, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=4,
-                            num_sms=num_sms)
+  modelled = split_k.choose(
+      problem, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=4, num_sms=num_sms
+  )
   return sorted({1, modelled, *(s for s in space.split_k if s <= most)})
 
 
@@ -197,8 +224,8 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
   num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
   configs = []
   for tm, tn, tk, schedule, cluster, epilogue_tile in itertools.product(
-      space.tile_m, space.tile_n, space.tile_k, space.schedule, space.cluster,
-      space.epilogue_tile):
+      space.tile_m, space.tile_n, space.tile_k, space.schedule, space.cluster, space.epilogue_tile
+  ):
     if not _fits_problem(problem, tm, tn, tk, cluster):
       continue
     wg_splits = space.wg_split if schedule == "cooperative" else (GemmConfig.wg_split,)
@@ -213,9 +240,17 @@ def candidate_configs(problem: GemmProblem, space: SearchSpace = SearchSpace()) 
           continue
         if stages > max(steps, 4 if schedule == "pingpong" else 2):
           continue
-        config = GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=stages, schedule=schedule,
-                            wg_split=wg_split, cluster=cluster, split_k=k_splits,
-                            epilogue_tile=PARTIAL_EPILOGUE_TILE if k_splits > 1 else epilogue_tile)
+        config = GemmConfig(
+            tile_m=tm,
+            tile_n=tn,
+            tile_k=tk,
+            stages=stages,
+            schedule=schedule,
+            wg_split=wg_split,
+            cluster=cluster,
+            split_k=k_splits,
+            epilogue_tile=PARTIAL_EPILOGUE_TILE if k_splits > 1 else epilogue_tile,
+        )
         if config.epilogue_tile and config.epilogue_tile[1] > config.wg_tile[1]:
           config = dataclasses.replace(config, epilogue_tile=None)  # narrow: the whole tile
         if _is_valid(config, problem):
@@ -235,9 +270,11 @@ def raster_variants(config: GemmConfig, space: SearchSpace = SearchSpace()) -> l
   >>> len(raster_variants(GemmConfig()))  # 2 orders x 3 groups, less the config itself
   5
   """
-  return [dataclasses.replace(config, raster=order, group=group)
-          for order, group in itertools.product(space.raster, space.group)
-          if (order, group) != (config.raster, config.group)]
+  return [
+      dataclasses.replace(config, raster=order, group=group)
+      for order, group in itertools.product(space.raster, space.group)
+      if (order, group) != (config.raster, config.group)
+  ]
 
 
 # -- timing -------------------------------------------------------------------
@@ -275,6 +312,7 @@ def rotating(fn, sets: int):
   Each call is ordered after the previous one's output by an optimization barrier
   (free at run time), so that XLA cannot merge the calls' kernels horizontally.
   """
+
   def run(arg_sets):
     outs, prev = [], None
     for args in arg_sets:
@@ -283,6 +321,7 @@ def rotating(fn, sets: int):
       prev = fn(*args)
       outs.append(prev)
     return outs
+
   return jax.jit(run)
 
 
@@ -317,9 +356,18 @@ class CuptiTimer:
   exercise this on a CPU.
   """
 
-  def __init__(self, problem: GemmProblem, activation: str | None = None, *, iterations: int = 20,
-               implementation: str = "pallas", measure=None, seed: int = 0,
-               workers: int | None = None, l2: str = "cold"):
+  def __init__(
+      self,
+      problem: GemmProblem,
+      activation: str | None = None,
+      *,
+      iterations: int = 20,
+      implementation: str = "pallas",
+      measure=None,
+      seed: int = 0,
+      workers: int | None = None,
+      l2: str = "cold",
+  ):
     if measure is None:
       from jax.experimental.mosaic.gpu import profiler
 
@@ -332,8 +380,9 @@ class CuptiTimer:
     self.sets = input_sets(sum(x.nbytes for x in self.operands if x is not None) + out_bytes, l2)
     self._args = self.operands  # what one timed call is given
     if self.sets > 1:
-      self._args = ((self.operands, *(_random_operands(problem, seed + i)
-                                      for i in range(1, self.sets))),)
+      self._args = (
+          (self.operands, *(_random_operands(problem, seed + i) for i in range(1, self.sets))),
+      )
     self._compiled = {}  # config -> compiled executable, or the exception compiling raised
     self._reference = None  # the XLA path's output, computed on the first `verify`
 
@@ -343,10 +392,19 @@ class CuptiTimer:
     problem = self.problem
 
     def run(a, b, bias, c):
-      return gemm(a, b, transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
-                    bias=bias, activation=self.activation, c=c,
-                    beta=1.0 if problem.has_c else 0.0, out_dtype=problem.out_dtype,
-                    config=config, implementation=implementation)
+      return gemm(
+          a,
+          b,
+          transpose_a=problem.transpose_a,
+          transpose_b=problem.transpose_b,
+          bias=bias,
+          activation=self.activation,
+          c=c,
+          beta=1.0 if problem.has_c else 0.0,
+          out_dtype=problem.out_dtype,
+          config=config,
+          implementation=implementation,
+      )
 
     return run
 
@@ -414,8 +472,7 @@ VERIFY_BOUNDS = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 5e-3}
 a few roundings of the output dtype (fp8 outputs: 0.25)."""
 
 
-def _confirm(ranked, timer: Timer, rounds: int, progress: Progress | None, done: int,
-             total: int):
+def _confirm(ranked, timer: Timer, rounds: int, progress: Progress | None, done: int, total: int):
   """[(median ms, config)] of `ranked`'s configs re-timed in `rounds` interleaved rounds
   (each config once per round), fastest first; a config that fails drops out.
 
@@ -432,8 +489,9 @@ def _confirm(ranked, timer: Timer, rounds: int, progress: Progress | None, done:
         samples[config].append(trial[0][0])
       else:
         del samples[config]
-  medians = [(statistics.median(times), i, config)
-             for i, (config, times) in enumerate(samples.items())]
+  medians = [
+      (statistics.median(times), i, config) for i, (config, times) in enumerate(samples.items())
+  ]
   return [(ms, config) for ms, _, config in sorted(medians)]
 
 
@@ -448,14 +506,23 @@ def _first_correct(ranked, timer: Timer, problem: GemmProblem):
     err = verify(config)
     if err <= bound:
       return ms, config
-    warnings.warn(f"skipping {config} for {problem}: its output is off by {err:.2e} "
-                  f"(relative; bound {bound:.0e}) against the XLA path", stacklevel=3)
+    warnings.warn(
+        f"skipping {config} for {problem}: its output is off by {err:.2e} "
+        f"(relative; bound {bound:.0e}) against the XLA path",
+        stacklevel=3,
+    )
   raise RuntimeError(f"no candidate config computed {problem} correctly")
 
 
-def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: Timer | None = None,
-                 space: SearchSpace = SearchSpace(), cache: tuning_cache.TuningCache | None = None,
-                 progress: Progress | None = None) -> GemmConfig:
+def tune_problem(
+    problem: GemmProblem,
+    activation: str | None = None,
+    *,
+    timer: Timer | None = None,
+    space: SearchSpace = SearchSpace(),
+    cache: tuning_cache.TuningCache | None = None,
+    progress: Progress | None = None,
+) -> GemmConfig:
   """Times the candidates of `problem`, stores the fastest in `cache`, returns it.
 
   `timer` defaults to `CuptiTimer(problem, activation)` (needs the GPU); a
@@ -478,24 +545,28 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   prepare = getattr(timer, "prepare", lambda configs: None)
   prepare(candidates)
   ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
-  variants = [v for _, config in ranked[:space.refine_top] for v in raster_variants(config, space)]
+  variants = [v for _, config in ranked[: space.refine_top] for v in raster_variants(config, space)]
   prepare(variants)
   refined, more_failures = _fastest(variants, timer, progress, len(candidates), estimate)
   failures += more_failures
   if failures:
     config, error = failures[0]
-    warnings.warn(f"{len(failures)} of {len(candidates) + len(variants)} configs failed for "
-                  f"{problem} (first: {config}: {type(error).__name__}: {error})", stacklevel=2)
+    warnings.warn(
+        f"{len(failures)} of {len(candidates) + len(variants)} configs failed for "
+        f"{problem} (first: {config}: {type(error).__name__}: {error})",
+        stacklevel=2,
+    )
   if not ranked:
     raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
   best_of = {}  # config -> its fastest phase 1 or 2 time; a raster variant may repeat a config
   for ms, config in sorted(ranked + refined, key=lambda pair: pair[0]):
     best_of.setdefault(config, ms)
   fastest = [(ms, config) for config, ms in best_of.items()]
-  top, rest = fastest[:space.confirm_top], fastest[space.confirm_top:]
+  top, rest = fastest[: space.confirm_top], fastest[space.confirm_top :]
   done = len(candidates) + len(variants)
-  confirmed = _confirm(top, timer, space.confirm_rounds, progress, done,
-                       done + len(top) * space.confirm_rounds)
+  confirmed = _confirm(
+      top, timer, space.confirm_rounds, progress, done, done + len(top) * space.confirm_rounds
+  )
   # If every confirmation run failed, the phase 1 and 2 times still rank the configs.
   best_ms, best = _first_correct(confirmed + rest or top, timer, problem)
   cache = cache or tuning_cache.default_cache()
@@ -503,17 +574,24 @@ def tune_problem(problem: GemmProblem, activation: str | None = None, *, timer: 
   return best
 
 
-def autotune(shape_or_args, dtype="bfloat16", layout: str = "NN", epilogue: str | None = None, *,
-             out_dtype=None, timer: Timer | None = None, space: SearchSpace = SearchSpace(),
-             cache: tuning_cache.TuningCache | None = None,
-             progress: Progress | None = None) -> GemmConfig:
+def autotune(
+    shape_or_args,
+    dtype="bfloat16",
+    layout: str = "NN",
+    epilogue: str | None = None,
+    *,
+    out_dtype=None,
+    timer: Timer | None = None,
+    space: SearchSpace = SearchSpace(),
+    cache: tuning_cache.TuningCache | None = None,
+    progress: Progress | None = None,
+) -> GemmConfig:
   """Tunes one problem (see `make_problem` for the arguments) and caches the winner.
 
   Returns the fastest `GemmConfig`; `matmul` picks it up from the cache.
   """
   problem, activation = make_problem(shape_or_args, dtype, layout, epilogue, out_dtype=out_dtype)
-  return tune_problem(problem, activation, timer=timer, space=space, cache=cache,
-                      progress=progress)
+  return tune_problem(problem, activation, timer=timer, space=space, cache=cache, progress=progress)
 
 
 # -- what matmul calls --------------------------------------------------------
@@ -538,8 +616,9 @@ def tuning_requested(tune: bool | None = None) -> bool:
   return os.environ.get(AUTOTUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def resolve_config(problem: GemmProblem, activation: str | None = None, *, operands=(),
-                   tune: bool | None = None) -> GemmConfig | None:
+def resolve_config(
+    problem: GemmProblem, activation: str | None = None, *, operands=(), tune: bool | None = None
+) -> GemmConfig | None:
   """The config `matmul` should use, or None for the heuristic `default_config`.
 
   The cached winner if there is one; else, when tuning is requested
@@ -552,7 +631,10 @@ def resolve_config(problem: GemmProblem, activation: str | None = None, *, opera
   if config is not None or not tuning_requested(tune):
     return config
   if in_trace(*operands):
-    warnings.warn(f"{AUTOTUNE_ENV}: not tuning {problem} inside a jax trace; call matmul once "
-                  "outside jit, or run `python -m pallas_gemm.tune`", stacklevel=2)
+    warnings.warn(
+        f"{AUTOTUNE_ENV}: not tuning {problem} inside a jax trace; call matmul once "
+        "outside jit, or run `python -m pallas_gemm.tune`",
+        stacklevel=2,
+    )
     return None
   return tune_problem(problem, activation)

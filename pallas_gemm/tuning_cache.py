@@ -76,8 +76,10 @@ def parse_epilogue(name: str | None) -> tuple[bool, bool, str | None]:
   activations = [p for p in parts if p not in ("bias", "c")]
   bad = [p for p in activations if p not in ACTIVATIONS]
   if bad or len(activations) > 1 or len(set(parts)) != len(parts):
-    raise ValueError(f"epilogue {name!r}: expected 'none' or '+'-joined parts from "
-                     f"bias, c and at most one of {sorted(ACTIVATIONS)}")
+    raise ValueError(
+        f"epilogue {name!r}: expected 'none' or '+'-joined parts from "
+        f"bias, c and at most one of {sorted(ACTIVATIONS)}"
+    )
   return "bias" in parts, "c" in parts, (activations or [None])[0]
 
 
@@ -104,17 +106,24 @@ class TuningKey:
     """The key as one readable string (the cache file's index)."""
     p = self.problem
     shape = f"{p.m}x{p.n}x{p.k}" if p.batch == 1 else f"{p.batch}x{p.m}x{p.n}x{p.k}"
-    return (f"{self.device_kind}|jax {self.jax_version}|{shape} {p.dtype}->{p.out_dtype} "
-            f"{layout_name(p)}|{epilogue_name(p.has_bias, p.has_c, self.activation)}")
+    return (
+        f"{self.device_kind}|jax {self.jax_version}|{shape} {p.dtype}->{p.out_dtype} "
+        f"{layout_name(p)}|{epilogue_name(p.has_bias, p.has_c, self.activation)}"
+    )
 
   def to_json(self) -> dict:
-    return {"device_kind": self.device_kind, "jax_version": self.jax_version,
-            "problem": dataclasses.asdict(self.problem), "activation": self.activation}
+    return {
+        "device_kind": self.device_kind,
+        "jax_version": self.jax_version,
+        "problem": dataclasses.asdict(self.problem),
+        "activation": self.activation,
+    }
 
   @classmethod
   def from_json(cls, data: dict) -> TuningKey:
-    return cls(data["device_kind"], data["jax_version"], GemmProblem(**data["problem"]),
-               data["activation"])
+    return cls(
+        data["device_kind"], data["jax_version"], GemmProblem(**data["problem"]), data["activation"]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +135,11 @@ class TuningRecord:
   time_ms: float
 
   def to_json(self) -> dict:
-    return {"key": self.key.to_json(), "config": dataclasses.asdict(self.config),
-            "time_ms": self.time_ms}
+    return {
+        "key": self.key.to_json(),
+        "config": dataclasses.asdict(self.config),
+        "time_ms": self.time_ms,
+    }
 
   @classmethod
   def from_json(cls, data: dict) -> TuningRecord:
@@ -197,18 +209,25 @@ def _read_records(path: str) -> dict[str, TuningRecord]:
   except FileNotFoundError:
     return {}
   except (OSError, ValueError) as e:
-    warnings.warn(f"ignoring the tuning cache {path}: unreadable ({e})", TuningCacheWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"ignoring the tuning cache {path}: unreadable ({e})", TuningCacheWarning, stacklevel=3
+    )
     return {}
   if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
     found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-    warnings.warn(f"ignoring the tuning cache {path}: schema {found!r}, expected {SCHEMA_VERSION}",
-                  TuningCacheWarning, stacklevel=3)
+    warnings.warn(
+        f"ignoring the tuning cache {path}: schema {found!r}, expected {SCHEMA_VERSION}",
+        TuningCacheWarning,
+        stacklevel=3,
+    )
     return {}
   entries = data.get("entries")
   if not isinstance(entries, dict):
-    warnings.warn(f"ignoring the tuning cache {path}: 'entries' is not an object",
-                  TuningCacheWarning, stacklevel=3)
+    warnings.warn(
+        f"ignoring the tuning cache {path}: 'entries' is not an object",
+        TuningCacheWarning,
+        stacklevel=3,
+    )
     return {}
   records, stale = {}, []
   for token, entry in entries.items():
@@ -219,15 +238,20 @@ def _read_records(path: str) -> dict[str, TuningRecord]:
       continue
     records[record.key.token()] = record
   if stale:
-    warnings.warn(f"ignoring {len(stale)} stale entries of the tuning cache {path} "
-                  f"(first: {stale[0]})", TuningCacheWarning, stacklevel=3)
+    warnings.warn(
+        f"ignoring {len(stale)} stale entries of the tuning cache {path} " f"(first: {stale[0]})",
+        TuningCacheWarning,
+        stacklevel=3,
+    )
   return records
 
 
 def _write_atomically(path: str, records: dict[str, TuningRecord]) -> None:
   """Writes `records` to a temp file beside `path`, then renames it over `path`."""
-  data = {"schema": SCHEMA_VERSION,
-          "entries": {token: records[token].to_json() for token in sorted(records)}}
+  data = {
+      "schema": SCHEMA_VERSION,
+      "entries": {token: records[token].to_json() for token in sorted(records)},
+  }
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tuning.", suffix=".tmp")
   try:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -291,8 +315,9 @@ class TuningCache:
       with self._mutex:
         self._records, self._stamp = records, stamp
     except OSError as e:
-      warnings.warn(f"could not write the tuning cache {self.path}: {e}", TuningCacheWarning,
-                    stacklevel=2)
+      warnings.warn(
+          f"could not write the tuning cache {self.path}: {e}", TuningCacheWarning, stacklevel=2
+      )
 
 
 _caches: dict[str, TuningCache] = {}
@@ -317,8 +342,6 @@ PACKAGED_M_REACH = 4
 """A shipped entry tuned at M serves problems with M' <= M <= max(16, PACKAGED_M_REACH * M')."""
 
 
-
-
 def same_family(kind: str, other: str) -> bool:
   """Whether a table tuned on `other` may serve `kind`: both the same, or both Hopper
   boards (sm_90; an H200 is an H100 with faster HBM).
@@ -330,9 +353,12 @@ def same_family(kind: str, other: str) -> bool:
   return kind == other or bool(hopper.search(kind) and hopper.search(other))
 
 
-def packaged_config(problem: GemmProblem, activation: str | None = None,
-                    device_kind: str | None = None,
-                    path: str = PACKAGED_PATH) -> GemmConfig | None:
+def packaged_config(
+    problem: GemmProblem,
+    activation: str | None = None,
+    device_kind: str | None = None,
+    path: str = PACKAGED_PATH,
+) -> GemmConfig | None:
   """The shipped config for `problem` on `device_kind` (default: this device), or None.
 
   Shipped entries match every problem field except M, under any jax version
@@ -354,9 +380,12 @@ def packaged_config(problem: GemmProblem, activation: str | None = None,
   for record in _cache_at(path).records().values():
     key = record.key
     tuned_m = key.problem.m
-    if (not same_family(device_kind, key.device_kind) or key.activation != activation
+    if (
+        not same_family(device_kind, key.device_kind)
+        or key.activation != activation
         or dataclasses.replace(key.problem, m=problem.m) != problem
-        or not problem.m <= tuned_m <= max(16, PACKAGED_M_REACH * problem.m)):
+        or not problem.m <= tuned_m <= max(16, PACKAGED_M_REACH * problem.m)
+    ):
       continue
     exact = key.device_kind == device_kind
     if best[exact] is None or tuned_m < best[exact].key.problem.m:

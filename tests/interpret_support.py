@@ -15,7 +15,8 @@ HANG_TIMEOUT_S = 180
 
 needs_transposes = pytest.mark.skipif(
     not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views")
+    reason="jax 0.10.2's GPU interpreter cannot run WGMMA on transposed SMEM views",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -14,11 +14,17 @@ import pallas_gemm
 from pallas_gemm import epilogue
 
 FORMS = [
-    ("gelu", "gelu_tanh"), (jax.nn.gelu, "gelu_tanh"),
+    ("gelu", "gelu_tanh"),
+    (jax.nn.gelu, "gelu_tanh"),
     (functools.partial(jax.nn.gelu, approximate=True), "gelu_tanh"),
     (functools.partial(jax.nn.gelu, approximate=False), "gelu_exact"),
-    (jax.nn.relu, "relu"), (jax.nn.silu, "silu"), (jax.nn.swish, "silu"), ("swish", "silu"),
-    (jax.nn.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (None, None),
+    (jax.nn.relu, "relu"),
+    (jax.nn.silu, "silu"),
+    (jax.nn.swish, "silu"),
+    ("swish", "silu"),
+    (jax.nn.sigmoid, "sigmoid"),
+    ("sigmoid", "sigmoid"),
+    (None, None),
 ]
 
 
@@ -27,8 +33,9 @@ def test_every_form_names_one_epilogue_activation(given, name):
   assert epilogue.activation_name(given) == name
 
 
-@pytest.mark.parametrize("bad", ["tanh", jax.nn.tanh, functools.partial(jax.nn.gelu, 1.0),
-                                 lambda x: x, 3])
+@pytest.mark.parametrize(
+    "bad", ["tanh", jax.nn.tanh, functools.partial(jax.nn.gelu, 1.0), lambda x: x, 3]
+)
 def test_others_are_refused_naming_the_argument(bad):
   with pytest.raises(ValueError, match="^activation must be None"):
     epilogue.activation_name(bad)
@@ -39,9 +46,13 @@ def test_matmul_applies_what_jax_nn_would(given, name):
   k1, k2 = jax.random.split(jax.random.key(0))
   a = jax.random.normal(k1, (16, 32), jnp.float32)
   b = jax.random.normal(k2, (32, 8), jnp.float32)
-  reference = {"gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-               "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
-               "relu": jax.nn.relu, "silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}[name]
+  reference = {
+      "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+      "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+      "relu": jax.nn.relu,
+      "silu": jax.nn.silu,
+      "sigmoid": jax.nn.sigmoid,
+  }[name]
   y = pallas_gemm.matmul(a, b, activation=given, implementation="xla")
   np.testing.assert_allclose(y, reference(a @ b), rtol=2e-5, atol=2e-5)
 
@@ -69,8 +80,9 @@ def test_transpose_flags_must_be_bools(flag):
   assert pallas_gemm.matmul(A, B, implementation="xla", **{flag: np.False_}).shape == (8, 4)
 
 
-@pytest.mark.parametrize("name, value", [("bias", jnp.ones((4,), jnp.complex64)),
-                                         ("c", jnp.ones((8, 4), jnp.complex64))])
+@pytest.mark.parametrize(
+    "name, value", [("bias", jnp.ones((4,), jnp.complex64)), ("c", jnp.ones((8, 4), jnp.complex64))]
+)
 def test_complex_addends_are_refused(name, value):
   with pytest.raises(TypeError, match=f"^{name} must be real"):
     pallas_gemm.matmul(A, B, implementation="xla", beta=1.0, **{name: value})

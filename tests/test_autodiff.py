@@ -35,8 +35,16 @@ EPILOGUES = {
     **{act: dict(bias=True, activation=act) for act in ACTIVATIONS_F64 if act},
     "alpha_beta_c": dict(c=True, alpha=0.5, beta=-1.5),
     "row_bias_residual": dict(row_bias=True, residual=True),
-    "everything": dict(bias=True, row_bias=True, c=True, residual=True, alpha=1.5, beta=0.5,
-                       activation="gelu_tanh", clamp=(-0.25, 2.0)),
+    "everything": dict(
+        bias=True,
+        row_bias=True,
+        c=True,
+        residual=True,
+        alpha=1.5,
+        beta=0.5,
+        activation="gelu_tanh",
+        clamp=(-0.25, 2.0),
+    ),
 }
 TOLERANCE = {"bfloat16": 1.5e-2, "float16": 2e-3, "float32": 1e-5}
 """Norm-wise relative error of outputs and gradients (bf16 eps 3.9e-3, f16 4.9e-4)."""
@@ -44,7 +52,8 @@ TOLERANCE = {"bfloat16": 1.5e-2, "float16": 2e-3, "float32": 1e-5}
 needs_transposed_interpret = pytest.mark.skipif(
     not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
     reason="the backward GEMMs are transposed problems, which the GPU interpreter of "
-           f"jax {jax.__version__} cannot run (transposed WGMMA operands)")
+    f"jax {jax.__version__} cannot run (transposed WGMMA operands)",
+)
 
 
 def _rng(*parts):
@@ -55,8 +64,22 @@ def _normal(rng, shape, dtype):
   return jnp.asarray(rng.standard_normal(shape).astype(dtype))
 
 
-def _problem(layout, dtype, *, bias=False, c=False, row_bias=False, residual=False,
-             activation=None, alpha=1.0, beta=0.0, clamp=None, batch_a=(), batch_b=(), seed=()):
+def _problem(
+    layout,
+    dtype,
+    *,
+    bias=False,
+    c=False,
+    row_bias=False,
+    residual=False,
+    activation=None,
+    alpha=1.0,
+    beta=0.0,
+    clamp=None,
+    batch_a=(),
+    batch_b=(),
+    seed=(),
+):
   """Fresh random operands (never zeros), a random cotangent and matmul's keyword args."""
   ta, tb = layout[0] == "T", layout[1] == "T"
   rng = _rng(layout, dtype, activation, batch_a, batch_b, seed)
@@ -69,13 +92,15 @@ def _problem(layout, dtype, *, bias=False, c=False, row_bias=False, residual=Fal
       "residual": _normal(rng, (*(batch_a or batch_b), M, N), dtype) if residual else None,
   }
   cotangent = _normal(rng, (*(batch_a or batch_b), M, N), jnp.float32)
-  static = dict(transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta,
-                clamp=clamp)
+  static = dict(
+      transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta, clamp=clamp
+  )
   return args, cotangent, static
 
 
-def _reference(a, b, bias, c, row_bias, residual, *, transpose_a, transpose_b, activation,
-               alpha, beta, clamp):
+def _reference(
+    a, b, bias, c, row_bias, residual, *, transpose_a, transpose_b, activation, alpha, beta, clamp
+):
   op_a = jnp.swapaxes(a, -1, -2) if transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if transpose_b else b
   z = alpha * jnp.matmul(op_a, op_b, precision="highest")
@@ -100,16 +125,21 @@ def _grads(fn, args, cotangent):
     return jnp.sum(y.astype(cotangent.dtype) * cotangent), y
 
   (_, y), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
-      *(args[name] for name in names))
+      *(args[name] for name in names)
+  )
   return y, dict(zip(names, grads))
 
 
 def _reference_grads(args, cotangent, static):
   with jax.enable_x64(True):
-    args64 = {k: None if x is None else jnp.asarray(np.asarray(x, np.float64))
-              for k, x in args.items()}
-    y, grads = _grads(lambda **kw: _reference(**kw, **static), args64,
-                      jnp.asarray(np.asarray(cotangent, np.float64)))
+    args64 = {
+        k: None if x is None else jnp.asarray(np.asarray(x, np.float64)) for k, x in args.items()
+    }
+    y, grads = _grads(
+        lambda **kw: _reference(**kw, **static),
+        args64,
+        jnp.asarray(np.asarray(cotangent, np.float64)),
+    )
     return np.asarray(y), {k: np.asarray(g) for k, g in grads.items()}
 
 
@@ -137,22 +167,43 @@ def test_gradients_match_float64_reference(layout, epilogue, dtype):
   _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
 
 
-@pytest.mark.parametrize("batch_a,batch_b", [((3,), ()), ((2, 3), ()), ((3,), (3,)), ((), (3,))],
-                         ids=["shared_b", "shared_b_2d_batch", "both", "shared_a"])
+@pytest.mark.parametrize(
+    "batch_a,batch_b",
+    [((3,), ()), ((2, 3), ()), ((3,), (3,)), ((), (3,))],
+    ids=["shared_b", "shared_b_2d_batch", "both", "shared_a"],
+)
 @pytest.mark.parametrize("layout", ["NN", "TT"])  # NN folds the batch into dB's K; TT sums
 def test_batched_gradients_sum_over_shared_operands(layout, batch_a, batch_b):
   # c is (M, N) against a batched output: its gradient sums over the batch too.
-  args, cotangent, static = _problem(layout, "bfloat16", bias=True, c=True, activation="silu",
-                                     alpha=2.0, beta=0.5, batch_a=batch_a, batch_b=batch_b)
-  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
-                           implementation="xla")
+  args, cotangent, static = _problem(
+      layout,
+      "bfloat16",
+      bias=True,
+      c=True,
+      activation="silu",
+      alpha=2.0,
+      beta=0.5,
+      batch_a=batch_a,
+      batch_b=batch_b,
+  )
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"], implementation="xla")
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu_exact", "sigmoid"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_numerical_gradients_f32(layout, activation):
-  args, _, static = _problem(layout, "float32", bias=True, c=True, row_bias=True, residual=True,
-                             activation=activation, alpha=0.75, beta=1.25, seed="numerical")
+  args, _, static = _problem(
+      layout,
+      "float32",
+      bias=True,
+      c=True,
+      row_bias=True,
+      residual=True,
+      activation=activation,
+      alpha=0.75,
+      beta=1.25,
+      seed="numerical",
+  )
   names = list(args)
   fn = lambda *xs: matmul(**dict(zip(names, xs)), implementation="xla", **static)
   check_grads(fn, tuple(args.values()), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
@@ -161,8 +212,7 @@ def test_numerical_gradients_f32(layout, activation):
 def test_fp8_is_not_differentiable():
   a = jnp.ones((32, 64), jnp.float8_e4m3fn)
   b = jnp.ones((16, 64), jnp.float8_e4m3fn)
-  f = lambda a, b: jnp.sum(matmul(a, b, transpose_b=True, implementation="xla")
-                           .astype(jnp.float32))
+  f = lambda a, b: jnp.sum(matmul(a, b, transpose_b=True, implementation="xla").astype(jnp.float32))
   assert f(a, b) == 32 * 16 * 64
   with pytest.raises(NotImplementedError, match="fp8"):
     jax.grad(f)(a, b)
@@ -190,8 +240,10 @@ def _kernels(fn, *args):
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])
 def test_f32_forward_output_keeps_the_backward_gemms_bf16(implementation):
   args, cotangent, static = _problem("NN", "bfloat16", bias=True, activation="gelu_tanh")
-  loss = lambda a, b, bias: jnp.sum(cotangent * matmul(
-      a, b, bias=bias, out_dtype=jnp.float32, implementation=implementation, **static))
+  loss = lambda a, b, bias: jnp.sum(
+      cotangent
+      * matmul(a, b, bias=bias, out_dtype=jnp.float32, implementation=implementation, **static)
+  )
   grad = jax.grad(loss, argnums=(0, 1, 2))
   jaxpr = jax.make_jaxpr(grad)(args["a"], args["b"], args["bias"]).jaxpr
   if implementation == "xla":
@@ -206,7 +258,11 @@ def test_f32_forward_output_keeps_the_backward_gemms_bf16(implementation):
     # forward: f32 pre-activation; backward: bf16 gradients accumulated in f32 in the
     # kernel, and the f32 bias gradient (a ones-row GEMV)
     assert sorted(eqn.outvars[0].aval.dtype.name for eqn in kernels) == [
-        "bfloat16", "bfloat16", "float32", "float32"]
+        "bfloat16",
+        "bfloat16",
+        "float32",
+        "float32",
+    ]
 
 
 # -- which kernels run ----------------------------------------------------------------
@@ -217,8 +273,11 @@ def _mlp(x, w1, w2, implementation="pallas"):
 
 def _mlp_args():
   rng = _rng("mlp")
-  return (_normal(rng, (128, 64), jnp.bfloat16), _normal(rng, (64, 128), jnp.bfloat16),
-          _normal(rng, (128, 64), jnp.bfloat16))
+  return (
+      _normal(rng, (128, 64), jnp.bfloat16),
+      _normal(rng, (64, 128), jnp.bfloat16),
+      _normal(rng, (128, 64), jnp.bfloat16),
+  )
 
 
 def _loss(fn):
@@ -261,12 +320,15 @@ def test_vmap_batch_becomes_the_kernel_batch():
   x, w, _ = _mlp_args()
   xs = jnp.stack([x, -x, 2 * x])
   # shared weight: the vmapped batch folds into M of one kernel launch
-  assert [k.shape for k in _kernels(jax.vmap(lambda x: matmul(x, w, implementation="pallas")),
-                                    xs)] == [(3 * 128, 128)]
+  assert [
+      k.shape for k in _kernels(jax.vmap(lambda x: matmul(x, w, implementation="pallas")), xs)
+  ] == [(3 * 128, 128)]
   # both operands vmapped: one batched launch
   ws = jnp.stack([w, w, w])
-  shapes = [k.shape for k in _kernels(jax.vmap(
-      lambda x, w: matmul(x, w, implementation="pallas")), xs, ws)]
+  shapes = [
+      k.shape
+      for k in _kernels(jax.vmap(lambda x, w: matmul(x, w, implementation="pallas")), xs, ws)
+  ]
   assert shapes == [(3, 128, 128)]
 
 
@@ -289,57 +351,89 @@ def _assert_close_trees(x, y, tol=TOLERANCE["bfloat16"]):
     assert _rel_err(a, b) < tol
 
 
-@pytest.mark.parametrize("transform", ["jit_value_and_grad", "checkpoint", "vmap_of_grad",
-                                       "grad_of_vmap", "scan"])
+@pytest.mark.parametrize(
+    "transform", ["jit_value_and_grad", "checkpoint", "vmap_of_grad", "grad_of_vmap", "scan"]
+)
 def test_transformations(transform):
   x, w1, w2 = _mlp_args()
   ours = lambda x, w1, w2: _xla_mlp_loss(x, w1, w2, "xla")
   ref = _reference_mlp_loss
   grad = lambda f: jax.grad(f, argnums=(0, 1, 2))
   if transform == "jit_value_and_grad":
-    _assert_close_trees(jax.jit(jax.value_and_grad(ours, argnums=(1, 2)))(x, w1, w2),
-                        jax.value_and_grad(ref, argnums=(1, 2))(x, w1, w2))
+    _assert_close_trees(
+        jax.jit(jax.value_and_grad(ours, argnums=(1, 2)))(x, w1, w2),
+        jax.value_and_grad(ref, argnums=(1, 2))(x, w1, w2),
+    )
   elif transform == "checkpoint":
     _assert_close_trees(jax.jit(grad(jax.checkpoint(ours)))(x, w1, w2), grad(ref)(x, w1, w2))
   elif transform == "vmap_of_grad":
     xs = jnp.stack([x[:64], x[64:]])
-    _assert_close_trees(jax.vmap(grad(ours), in_axes=(0, None, None))(xs, w1, w2),
-                        jax.vmap(grad(ref), in_axes=(0, None, None))(xs, w1, w2))
+    _assert_close_trees(
+        jax.vmap(grad(ours), in_axes=(0, None, None))(xs, w1, w2),
+        jax.vmap(grad(ref), in_axes=(0, None, None))(xs, w1, w2),
+    )
   elif transform == "grad_of_vmap":
     xs = jnp.stack([x[:64], x[64:]])
     batched = lambda f: lambda xs, w1, w2: jnp.sum(jax.vmap(f, in_axes=(0, None, None))(xs, w1, w2))
     _assert_close_trees(grad(batched(ours))(xs, w1, w2), grad(batched(ref))(xs, w1, w2))
   else:
+
     def layers(f):
       def loss(x, ws):
         def step(h, w):
           y = f(h, w)
           return y.astype(h.dtype), None
+
         return jnp.mean(jax.lax.scan(step, x, ws)[0].astype(jnp.float32) ** 2)
+
       return loss
+
     ws = 0.1 * jnp.stack([w1[:, :64], w2[:64]])
     ours_layer = lambda h, w: matmul(h, w, activation="silu", implementation="xla")
     ref_layer = lambda h, w: jax.nn.silu(jnp.dot(h, w, preferred_element_type=jnp.float32))
-    _assert_close_trees(jax.grad(layers(ours_layer), argnums=(0, 1))(x[:, :64], ws),
-                        jax.grad(layers(ref_layer), argnums=(0, 1))(x[:, :64], ws))
+    _assert_close_trees(
+        jax.grad(layers(ours_layer), argnums=(0, 1))(x[:, :64], ws),
+        jax.grad(layers(ref_layer), argnums=(0, 1))(x[:, :64], ws),
+    )
 
 
 @pytest.mark.parametrize("batched", ["everything", "bias_only", "operands_only"])
 def test_vmap_matches_a_loop_over_examples(batched):
-  args, _, static = _problem("NT", "bfloat16", bias=True, c=True, row_bias=True, residual=True,
-                             activation="silu", alpha=2.0, beta=0.5, seed="vmap")
+  args, _, static = _problem(
+      "NT",
+      "bfloat16",
+      bias=True,
+      c=True,
+      row_bias=True,
+      residual=True,
+      activation="silu",
+      alpha=2.0,
+      beta=0.5,
+      seed="vmap",
+  )
   stacked = {k: jnp.stack([x, -x, 2 * x]) for k, x in args.items()}
-  in_axes = {k: 0 if (batched == "everything" or k == "a" or
-                      (batched == "bias_only" and k in ("bias", "row_bias")) or
-                      (batched == "operands_only" and k == "b")) else None
-             for k in args}
+  in_axes = {
+      k: (
+          0
+          if (
+              batched == "everything"
+              or k == "a"
+              or (batched == "bias_only" and k in ("bias", "row_bias"))
+              or (batched == "operands_only" and k == "b")
+          )
+          else None
+      )
+      for k in args
+  }
   inputs = {k: stacked[k] if in_axes[k] == 0 else args[k] for k in args}
   fn = lambda kw: matmul(**kw, implementation="xla", **static)
   ours = jax.vmap(fn, in_axes=(in_axes,))(inputs)
-  loop = jnp.stack([fn({k: x[i] if in_axes[k] == 0 else x for k, x in inputs.items()})
-                    for i in range(3)])
-  np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(loop, np.float32),
-                             rtol=2e-2, atol=2e-2)
+  loop = jnp.stack(
+      [fn({k: x[i] if in_axes[k] == 0 else x for k, x in inputs.items()}) for i in range(3)]
+  )
+  np.testing.assert_allclose(
+      np.asarray(ours, np.float32), np.asarray(loop, np.float32), rtol=2e-2, atol=2e-2
+  )
 
 
 def test_forward_mode_is_refused():
@@ -350,8 +444,9 @@ def test_forward_mode_is_refused():
 
 def test_c_is_ignored_when_beta_is_zero_and_required_otherwise():
   args, _, _ = _problem("NN", "bfloat16", c=True)
-  grad_c = jax.grad(lambda c: jnp.sum(matmul(args["a"], args["b"], c=c, implementation="xla")
-                                      .astype(jnp.float32)))(args["c"])
+  grad_c = jax.grad(
+      lambda c: jnp.sum(matmul(args["a"], args["b"], c=c, implementation="xla").astype(jnp.float32))
+  )(args["c"])
   assert not np.any(np.asarray(grad_c, np.float32))
   with pytest.raises(ValueError, match="needs c"):
     matmul(args["a"], args["b"], beta=1.0, implementation="xla")
@@ -364,36 +459,48 @@ INTERPRET_CONFIG = GemmConfig(tile_m=128, tile_n=64, stages=2)
 
 
 def test_interpret_forward_under_vmap_matches_xla():
-  args, _, static = _problem("NN", "bfloat16", bias=True, activation="gelu_exact",
-                             batch_a=(2,), seed="interpret")
+  args, _, static = _problem(
+      "NN", "bfloat16", bias=True, activation="gelu_exact", batch_a=(2,), seed="interpret"
+  )
+
   def run(implementation, **kw):
-    layer = lambda a: matmul(a, args["b"], bias=args["bias"], implementation=implementation,
-                             **kw, **static)
+    layer = lambda a: matmul(
+        a, args["b"], bias=args["bias"], implementation=implementation, **kw, **static
+    )
     return jax.vmap(layer)(args["a"])
 
   assert _rel_err(run("interpret", config=INTERPRET_CONFIG), run("xla")) < 1e-2
 
 
-@pytest.mark.skipif(_compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-                    reason=f"jax {jax.__version__}'s GPU interpreter runs transposed operands")
+@pytest.mark.skipif(
+    _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason=f"jax {jax.__version__}'s GPU interpreter runs transposed operands",
+)
 def test_interpret_backward_is_refused_where_the_interpreter_would_hang():
   args, _, static = _problem("NN", "bfloat16", seed="interpret")
-  loss = lambda a, b: jnp.sum(matmul(a, b, implementation="interpret", **static)
-                              .astype(jnp.float32))
+  loss = lambda a, b: jnp.sum(
+      matmul(a, b, implementation="interpret", **static).astype(jnp.float32)
+  )
   with pytest.raises(NotImplementedError, match="transposed operands"):
     jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(args["a"], args["b"])
 
 
 @needs_transposed_interpret
-@pytest.mark.parametrize("layout,epilogue,batch_a", [
-    ("NN", dict(bias=True, activation="gelu_tanh"), (2,)),
-    ("TT", dict(c=True, alpha=0.5, beta=2.0), ()),
-], ids=["NN_bias_gelu_shared_weight", "TT_alpha_beta_c"])
+@pytest.mark.parametrize(
+    "layout,epilogue,batch_a",
+    [
+        ("NN", dict(bias=True, activation="gelu_tanh"), (2,)),
+        ("TT", dict(c=True, alpha=0.5, beta=2.0), ()),
+    ],
+    ids=["NN_bias_gelu_shared_weight", "TT_alpha_beta_c"],
+)
 def test_interpret_gradients_match_float64_reference(layout, epilogue, batch_a):
-  args, cotangent, static = _problem(layout, "bfloat16", batch_a=batch_a, seed="interpret",
-                                     **epilogue)
-  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
-                           implementation="interpret")
+  args, cotangent, static = _problem(
+      layout, "bfloat16", batch_a=batch_a, seed="interpret", **epilogue
+  )
+  _check_against_reference(
+      args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
+  )
 
 
 # -- the fused dPre + bias-gradient pass (pallas_gemm.dpre) ---------------------------
@@ -401,32 +508,48 @@ def _fused_problem(layout, rows, inner, cols, seed):
   """A bias + GELU layer whose backward takes the fused pass (N a multiple of 128)."""
   ta, tb = layout[0] == "T", layout[1] == "T"
   rng = _rng("fused", layout, seed)
-  args = {"a": _normal(rng, (inner, rows) if ta else (rows, inner), jnp.bfloat16),
-          "b": _normal(rng, (cols, inner) if tb else (inner, cols), jnp.bfloat16),
-          "bias": _normal(rng, (cols,), jnp.float32),
-          "c": None, "row_bias": None, "residual": None}
-  static = dict(transpose_a=ta, transpose_b=tb, activation="gelu_tanh", alpha=1.0, beta=0.0,
-                clamp=None)
+  args = {
+      "a": _normal(rng, (inner, rows) if ta else (rows, inner), jnp.bfloat16),
+      "b": _normal(rng, (cols, inner) if tb else (inner, cols), jnp.bfloat16),
+      "bias": _normal(rng, (cols,), jnp.float32),
+      "c": None,
+      "row_bias": None,
+      "residual": None,
+  }
+  static = dict(
+      transpose_a=ta, transpose_b=tb, activation="gelu_tanh", alpha=1.0, beta=0.0, clamp=None
+  )
   return args, _normal(rng, (rows, cols), jnp.float32), static
 
 
 def _runs_fused_pass(args, cotangent, static, **kw):
   """Whether the backward launches `dpre` (its second output: per-64-row-tile column sums)."""
   rows, cols = cotangent.shape
-  loss = lambda a, b, bias: jnp.sum(matmul(a, b, bias=bias, **static, **kw).astype(
-      jnp.float32) * cotangent)
+  loss = lambda a, b, bias: jnp.sum(
+      matmul(a, b, bias=bias, **static, **kw).astype(jnp.float32) * cotangent
+  )
   jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(args["a"], args["b"], args["bias"])
-  return any(len(eqn.outvars) == 2 and eqn.outvars[1].aval.shape == (-(-rows // 64), cols)
-             for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "mpmd_map")
+  return any(
+      len(eqn.outvars) == 2 and eqn.outvars[1].aval.shape == (-(-rows // 64), cols)
+      for eqn in _eqns(jaxpr.jaxpr)
+      if eqn.primitive.name == "mpmd_map"
+  )
 
 
 @needs_transposed_interpret
 def test_interpret_fused_backward_matches_float64_reference():
   args, cotangent, static = _fused_problem("NN", 200, 72, 256, "interpret")
-  assert _runs_fused_pass(args, cotangent, static, implementation="interpret",
-                          config=INTERPRET_CONFIG)
-  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
-                           implementation="interpret", config=INTERPRET_CONFIG)
+  assert _runs_fused_pass(
+      args, cotangent, static, implementation="interpret", config=INTERPRET_CONFIG
+  )
+  _check_against_reference(
+      args,
+      cotangent,
+      static,
+      TOLERANCE["bfloat16"],
+      implementation="interpret",
+      config=INTERPRET_CONFIG,
+  )
 
 
 @pytest.mark.gpu
@@ -435,5 +558,4 @@ def test_gpu_gradients_match_float64_reference(layout):
   """The real kernels, forward and backward (fused dPre pass included), at an odd shape."""
   args, cotangent, static = _fused_problem(layout, 1000, 520, 1024, "gpu")
   assert _runs_fused_pass(args, cotangent, static, implementation="pallas")
-  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"],
-                           implementation="pallas")
+  _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"], implementation="pallas")

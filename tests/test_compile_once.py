@@ -27,20 +27,27 @@ def _exported_kernels(fn, *args):
 
 def _chain(gemm, sites):
   """x -> gemm(x, w) repeated over `sites` weights of one shape."""
+
   def f(x, *ws):
     for w in ws[:sites]:
       x = gemm(x, w)
     return x.astype(jnp.float32).sum()
+
   return f
 
 
 GEMMS = {
     "matmul": lambda x, w: pallas_gemm.matmul(x, w, implementation="pallas"),
     "matmul bias+gelu": lambda x, w: pallas_gemm.matmul(
-        x, w, bias=jnp.ones((w.shape[1],), jnp.float32), activation="gelu_tanh",
-        implementation="pallas"),
+        x,
+        w,
+        bias=jnp.ones((w.shape[1],), jnp.float32),
+        activation="gelu_tanh",
+        implementation="pallas",
+    ),
     "dot_general": lambda x, w: pallas_gemm.make_dot_general(implementation="pallas")(
-        x, w, (((1,), (0,)), ((), ()))),
+        x, w, (((1,), (0,)), ((), ()))
+    ),
     "residual": lambda x, w: pallas_gemm.matmul(x, w, residual=x, implementation="pallas"),
 }
 
@@ -70,8 +77,10 @@ def test_backward_kernels_do_not_grow_with_call_sites(name):
 
 
 def test_distinct_problems_get_distinct_kernels():
-  f = lambda x, w1, w2: (pallas_gemm.matmul(x, w1, implementation="pallas").sum()
-                         + pallas_gemm.matmul(x, w2, implementation="pallas").sum())
+  f = lambda x, w1, w2: (
+      pallas_gemm.matmul(x, w1, implementation="pallas").sum()
+      + pallas_gemm.matmul(x, w2, implementation="pallas").sum()
+  )
   kernels, _ = _exported_kernels(f, _sds((256, 512)), _sds((512, 256)), _sds((512, 384)))
   assert kernels == 2
 
@@ -84,15 +93,19 @@ def test_ragged_dot_and_scaled_matmul_lower_once():
       x = pallas_gemm.ragged_dot(x, w, sizes, implementation="pallas")
     return x
 
-  one, _ = _exported_kernels(lambda x, w: pallas_gemm.ragged_dot(
-      x, w, sizes, implementation="pallas"), _sds((256, 256)), _sds((2, 256, 256)))
+  one, _ = _exported_kernels(
+      lambda x, w: pallas_gemm.ragged_dot(x, w, sizes, implementation="pallas"),
+      _sds((256, 256)),
+      _sds((2, 256, 256)),
+  )
   four, _ = _exported_kernels(ragged, _sds((256, 256)), _sds((2, 256, 256)))
   assert one == four == 1
 
   e4m3 = jnp.float8_e4m3fn
   scale = jnp.ones((), jnp.float32)
-  scaled = lambda a, b: pallas_gemm.scaled_matmul(a, b, scale, scale, out_dtype=bf16,
-                                                  implementation="pallas")
+  scaled = lambda a, b: pallas_gemm.scaled_matmul(
+      a, b, scale, scale, out_dtype=bf16, implementation="pallas"
+  )
   args = (_sds((256, 256), e4m3), _sds((256, 256), e4m3))
   one, _ = _exported_kernels(scaled, *args)
   three, _ = _exported_kernels(lambda a, b: scaled(a, b) + scaled(a, b) + scaled(a, b), *args)
@@ -105,14 +118,16 @@ def test_layers_of_a_model_share_kernels():
   from benchmarks import model as harness, models
 
   def kernels(layers):
-    spec = models.ModelSpec(layers=layers, d_model=256, heads=2, kv_heads=2, mlp=512,
-                            vocab=512, batch=1, seq=128)
+    spec = models.ModelSpec(
+        layers=layers, d_model=256, heads=2, kv_heads=2, mlp=512, vocab=512, batch=1, seq=128
+    )
     graphdef, params, rest = harness.build(spec, "fused", implementation="pallas")
     step, tx = harness.make_train_step(graphdef)
     shapes = lambda tree: jax.tree.map(lambda x: _sds(x.shape, x.dtype), tree)
     tokens = _sds((spec.batch, spec.seq), jnp.int32)
     text = jax.export.export(step, platforms=["cuda"])(
-        shapes(params), shapes(tx.init(params)), shapes(rest), tokens, tokens).mlir_module()
+        shapes(params), shapes(tx.init(params)), shapes(rest), tokens, tokens
+    ).mlir_module()
     return compile_once.module_kernel_count(text)
 
   assert kernels(1) == kernels(3) > 5

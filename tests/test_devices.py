@@ -26,14 +26,18 @@ def gpu(monkeypatch):
   def pretend(kind, capability):
     monkeypatch.setattr(_compat.jax, "devices", lambda *a: [FakeGpu(kind, capability)])
     _compat._warn_not_hopper.cache_clear()
+
   return pretend
 
 
 def test_only_hopper_counts_as_hopper(gpu):
   gpu("NVIDIA H100 80GB HBM3", "9.0")
   assert _compat.on_hopper()
-  for kind, capability in (("NVIDIA A100-SXM4-80GB", "8.0"), ("NVIDIA B200", "10.0"),
-                           ("AMD Instinct MI300X", "")):
+  for kind, capability in (
+      ("NVIDIA A100-SXM4-80GB", "8.0"),
+      ("NVIDIA B200", "10.0"),
+      ("AMD Instinct MI300X", ""),
+  ):
     gpu(kind, capability)
     with pytest.warns(RuntimeWarning, match="not a Hopper GPU"):
       assert not _compat.on_hopper()
@@ -65,6 +69,9 @@ def test_the_default_runs_xla_and_the_kernel_refuses_on_another_gpu(gpu):
 
 def test_exporting_the_kernel_for_cuda_from_a_cpu_is_allowed():
   assert jax.devices()[0].platform == "cpu"
-  args = [jax.ShapeDtypeStruct((256, 128), jnp.bfloat16), jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)]
+  args = [
+      jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+      jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+  ]
   fn = jax.jit(lambda a, b: pallas_gemm.matmul(a, b, implementation="pallas"))
   assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(*args).mlir_module()

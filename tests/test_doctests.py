@@ -16,22 +16,26 @@ NEEDS_FLAX = ("pallas_gemm.flax", "benchmarks.model", "benchmarks.models", "benc
 
 
 def _modules():
-    return sorted(m.name for package in (layouts, pallas_gemm, benchmarks)
-                  for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-                  if not m.name.endswith("__main__"))
+  return sorted(
+      m.name
+      for package in (layouts, pallas_gemm, benchmarks)
+      for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+      if not m.name.endswith("__main__")
+  )
 
 
 @pytest.mark.parametrize("name", _modules())
 def test_docstring_examples(name):
-    if name in NEEDS_FLAX:
-        pytest.importorskip("flax")
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+  if name in NEEDS_FLAX:
+    pytest.importorskip("flax")
+  module = importlib.import_module(name)
+  result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False)
+  assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
 
 
 def test_readme_examples():
-    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-    result = doctest.testfile(str(readme), module_relative=False,
-                              optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
+  readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+  result = doctest.testfile(
+      str(readme), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE
+  )
+  assert result.attempted > 0 and result.failed == 0

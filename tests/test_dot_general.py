@@ -34,23 +34,45 @@ TO_LAX = {
     "f32_operands": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("float32", "float32"), None),
     "int8": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("int8", "int8"), None),
     "mixed_dtypes": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("bfloat16", "float16"), None),
-    "non_leading_batch": ((8, 3, 24), (3, 24, 16), (((2,), (1,)), ((1,), (0,))),
-                          ("bfloat16", "bfloat16"), None),
-    "non_adjacent_contracting": ((4, 6, 8), (4, 8, 10), (((0, 2), (0, 1)), ((), ())),
-                                 ("bfloat16", "bfloat16"), None),
-    "contracting_in_the_middle": ((6, 8, 5), (8, 10), (((1,), (0,)), ((), ())),
-                                  ("bfloat16", "bfloat16"), None),
+    "non_leading_batch": (
+        (8, 3, 24),
+        (3, 24, 16),
+        (((2,), (1,)), ((1,), (0,))),
+        ("bfloat16", "bfloat16"),
+        None,
+    ),
+    "non_adjacent_contracting": (
+        (4, 6, 8),
+        (4, 8, 10),
+        (((0, 2), (0, 1)), ((), ())),
+        ("bfloat16", "bfloat16"),
+        None,
+    ),
+    "contracting_in_the_middle": (
+        (6, 8, 5),
+        (8, 10),
+        (((1,), (0,)), ((), ())),
+        ("bfloat16", "bfloat16"),
+        None,
+    ),
     "outer_product": ((6,), (10,), (((), ()), ((), ())), ("bfloat16", "bfloat16"), None),
-    "f32_algorithm": ((8, 24), (24, 16), (((1,), (0,)), ((), ())), ("bfloat16", "bfloat16"),
-                      lax.DotAlgorithmPreset.F32_F32_F32),
+    "f32_algorithm": (
+        (8, 24),
+        (24, 16),
+        (((1,), (0,)), ((), ())),
+        ("bfloat16", "bfloat16"),
+        lax.DotAlgorithmPreset.F32_F32_F32,
+    ),
 }
 
 
 def _operands(lhs_shape, rhs_shape, dtypes=("bfloat16", "bfloat16"), seed=""):
   rng = np.random.default_rng(zlib.crc32(repr((lhs_shape, rhs_shape, dtypes, seed)).encode()))
   draw = lambda shape, dtype: jnp.asarray(
-      (rng.standard_normal(shape) * 4 if "int" in dtype else rng.standard_normal(shape))
-      .astype(dtype))
+      (rng.standard_normal(shape) * 4 if "int" in dtype else rng.standard_normal(shape)).astype(
+          dtype
+      )
+  )
   return draw(lhs_shape, dtypes[0]), draw(rhs_shape, dtypes[1])
 
 
@@ -116,9 +138,16 @@ def test_other_cases_fall_back_to_lax(name):
   np.testing.assert_array_equal(f(lhs, rhs), lax.dot_general(lhs, rhs, dn, precision=precision))
 
 
-@pytest.mark.parametrize("precision", [None, lax.Precision.HIGHEST, "highest",
-                                       (lax.Precision.DEFAULT, lax.Precision.HIGH),
-                                       lax.DotAlgorithmPreset.BF16_BF16_F32])
+@pytest.mark.parametrize(
+    "precision",
+    [
+        None,
+        lax.Precision.HIGHEST,
+        "highest",
+        (lax.Precision.DEFAULT, lax.Precision.HIGH),
+        lax.DotAlgorithmPreset.BF16_BF16_F32,
+    ],
+)
 def test_precisions_the_kernel_honours(precision):
   lhs, rhs = _operands((8, 24), (24, 16))
   f = lambda x, y: dot_general(x, y, (((1,), (0,)), ((), ())), precision=precision)
@@ -129,22 +158,26 @@ def test_precisions_the_kernel_honours(precision):
 def test_preferred_element_type_is_the_output_dtype(out_dtype):
   lhs, rhs = _operands((8, 24), (24, 16))
   out = XLA(lhs, rhs, (((1,), (0,)), ((), ())), preferred_element_type=out_dtype)
-  assert out.dtype == lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
-                                      preferred_element_type=out_dtype).dtype
+  assert (
+      out.dtype
+      == lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())), preferred_element_type=out_dtype).dtype
+  )
 
 
 def test_einsum_injection():
   q, k = _operands((2, 3, 8, 16), (2, 3, 6, 16))
-  ours = jnp.einsum("bhtd,bhsd->bhts", q, k, _dot_general=XLA,
-                    preferred_element_type=jnp.float32)
+  ours = jnp.einsum("bhtd,bhsd->bhts", q, k, _dot_general=XLA, preferred_element_type=jnp.float32)
   ref = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
   assert _rel_err(ours, ref) < 1e-6
 
 
 def test_signature_is_lax_dot_general_and_out_sharding_is_accepted():
   import inspect
-  assert (inspect.signature(dot_general).parameters.keys()
-          == inspect.signature(lax.dot_general).parameters.keys())
+
+  assert (
+      inspect.signature(dot_general).parameters.keys()
+      == inspect.signature(lax.dot_general).parameters.keys()
+  )
   lhs, rhs = _operands((8, 24), (24, 16))
   out = dot_general(lhs, rhs, (((1,), (0,)), ((), ())), out_sharding=None)
   assert out.shape == (8, 16)
@@ -158,7 +191,6 @@ def test_vmap_over_dot_general():
   assert _rel_err(ours, ref) < 1e-6
 
 
-
 # -- lax's inputs and errors (issue 20) ------------------------------------------------
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_bare_int_dimension_numbers_are_lax_s_too(dtype):
@@ -168,11 +200,14 @@ def test_bare_int_dimension_numbers_are_lax_s_too(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("dn, precision", [
-    ((((2,), (1,)), ((0,), (0,))), "bogus"),         # not a precision
-    ((((0,), (0,)), ((0,), (0,))), None),            # a batch dim that also contracts
-    ((((2,), (2,)), ((0,), (0,))), None),            # contracting extents differ
-])
+@pytest.mark.parametrize(
+    "dn, precision",
+    [
+        ((((2,), (1,)), ((0,), (0,))), "bogus"),  # not a precision
+        ((((0,), (0,)), ((0,), (0,))), None),  # a batch dim that also contracts
+        ((((2,), (2,)), ((0,), (0,))), None),  # contracting extents differ
+    ],
+)
 def test_what_lax_refuses_is_refused_with_lax_s_error(dtype, dn, precision):
   lhs, rhs = jnp.ones((2, 3, 4), dtype), jnp.ones((2, 4, 5), dtype)
   with pytest.raises(Exception) as theirs:

@@ -25,19 +25,26 @@ def test_slopes_are_the_activation_derivatives(name):
   np.testing.assert_allclose(epilogue.ACTIVATION_SLOPES[name](x), autodiff, rtol=0, atol=3e-6)
 
 
-@pytest.mark.parametrize("rows, cols, name", [(200, 256, "gelu_tanh"), (64, 128, "relu"),
-                                              (328, 384, "silu"), (136, 128, "gelu_exact")])
+@pytest.mark.parametrize(
+    "rows, cols, name",
+    [(200, 256, "gelu_tanh"), (64, 128, "relu"), (328, 384, "silu"), (136, 128, "gelu_exact")],
+)
 def test_interpret_matches_float64(rows, cols, name):
   rng = np.random.default_rng(rows + cols)
   pre = jnp.asarray(rng.standard_normal((rows, cols)), jnp.bfloat16)
   g = jnp.asarray(rng.standard_normal((rows, cols)), jnp.bfloat16)
   d, sums = dpre.dpre_and_column_sums(
-      pre, g, slope=epilogue.ACTIVATION_SLOPES[name], num_sms=dpre.INTERPRET_SMS,
-      interpret=_compat.interpret_params(zero_fill=False))
+      pre,
+      g,
+      slope=epilogue.ACTIVATION_SLOPES[name],
+      num_sms=dpre.INTERPRET_SMS,
+      interpret=_compat.interpret_params(zero_fill=False),
+  )
   x = np.asarray(pre, np.float64)
   ref = np.asarray(g, np.float64) * np.asarray(
       jax.vmap(jax.grad(epilogue.ACTIVATIONS[name]))(jnp.asarray(x.ravel(), jnp.float32)),
-      np.float64).reshape(x.shape)
+      np.float64,
+  ).reshape(x.shape)
   assert sums.shape == (-(-rows // dpre.BLOCK_M), cols)
   d = np.asarray(d, np.float64)
   assert not np.isnan(d).any() and not np.isnan(np.asarray(sums)).any()
@@ -46,11 +53,17 @@ def test_interpret_matches_float64(rows, cols, name):
   assert np.linalg.norm(db - ref.sum(0)) / np.linalg.norm(ref.sum(0)) < 1e-5
 
 
-@pytest.mark.parametrize("shape, dtype, ok", [
-    ((256, 256), jnp.bfloat16, True), ((256, 256), jnp.float16, True),
-    ((256, 200), jnp.bfloat16, False), ((252, 256), jnp.bfloat16, False),
-    ((32, 256), jnp.bfloat16, False), ((256, 256), jnp.float32, False),
-])
+@pytest.mark.parametrize(
+    "shape, dtype, ok",
+    [
+        ((256, 256), jnp.bfloat16, True),
+        ((256, 256), jnp.float16, True),
+        ((256, 200), jnp.bfloat16, False),
+        ((252, 256), jnp.bfloat16, False),
+        ((32, 256), jnp.bfloat16, False),
+        ((256, 256), jnp.float32, False),
+    ],
+)
 def test_supported_shapes(shape, dtype, ok):
   assert dpre.supported(shape, dtype) == ok
 

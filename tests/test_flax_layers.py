@@ -95,9 +95,14 @@ def test_linear_has_nnx_linears_parameters(use_bias):
   np.testing.assert_array_equal(ref.kernel[...], other.kernel[...])
 
 
-@pytest.mark.parametrize("dtype,activation", [
-    *((jnp.bfloat16, act) for act in ACTIVATIONS),
-    (jnp.float32, None), (jnp.float32, "gelu_exact")])
+@pytest.mark.parametrize(
+    "dtype,activation",
+    [
+        *((jnp.bfloat16, act) for act in ACTIVATIONS),
+        (jnp.float32, None),
+        (jnp.float32, "gelu_exact"),
+    ],
+)
 def test_linear_matches_nnx_linear_then_activation(dtype, activation):
   ours = pflax.Linear(32, 16, activation=activation, dtype=dtype, rngs=nnx.Rngs(1))
   ref = nnx.Linear(32, 16, dtype=dtype, rngs=nnx.Rngs(1))
@@ -107,8 +112,10 @@ def test_linear_matches_nnx_linear_then_activation(dtype, activation):
 
   @nnx.jit
   def both(ours, ref, x):
-    return ((ours(x), nnx.value_and_grad(_nnx_loss)(ours, x)),
-            (ref_fused(ref, x), nnx.value_and_grad(ref_loss)(ref, x)))
+    return (
+        (ours(x), nnx.value_and_grad(_nnx_loss)(ours, x)),
+        (ref_fused(ref, x), nnx.value_and_grad(ref_loss)(ref, x)),
+    )
 
   ours_results, ref_results = both(ours, ref, _x())
   _assert_close(ours_results, ref_results, TOLERANCE[dtype])
@@ -120,13 +127,12 @@ def test_linear_under_nnx_transforms():
   ref_loss = lambda model, x: jnp.mean(jax.nn.silu(model(x).astype(jnp.float32)) ** 2)
   xs = _x((3, 4, 32))
   # jit + grad, remat, and vmap over examples with shared parameters
-  _assert_close(nnx.jit(_nnx_value_and_grad)(ours, xs[0]),
-                nnx.value_and_grad(ref_loss)(ref, xs[0]), 1.5e-2)
-  _assert_close(nnx.grad(nnx.remat(_nnx_loss))(ours, xs[0]),
-                nnx.grad(ref_loss)(ref, xs[0]), 1.5e-2)
+  _assert_close(
+      nnx.jit(_nnx_value_and_grad)(ours, xs[0]), nnx.value_and_grad(ref_loss)(ref, xs[0]), 1.5e-2
+  )
+  _assert_close(nnx.grad(nnx.remat(_nnx_loss))(ours, xs[0]), nnx.grad(ref_loss)(ref, xs[0]), 1.5e-2)
   per_example = nnx.vmap(lambda model, x: model(x), in_axes=(None, 0))(ours, xs)
-  _assert_close(per_example, jax.nn.silu(ref(xs).astype(jnp.float32)).astype(jnp.bfloat16),
-                1.5e-2)
+  _assert_close(per_example, jax.nn.silu(ref(xs).astype(jnp.float32)).astype(jnp.bfloat16), 1.5e-2)
 
 
 def test_linear_on_one_input_vector():
@@ -134,12 +140,20 @@ def test_linear_on_one_input_vector():
   assert layer(_x((32,))).shape == (16,)
 
 
-@pytest.mark.skipif(not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-                    reason="the backward GEMMs are transposed problems, which the GPU "
-                           f"interpreter of jax {jax.__version__} cannot run")
+@pytest.mark.skipif(
+    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason="the backward GEMMs are transposed problems, which the GPU "
+    f"interpreter of jax {jax.__version__} cannot run",
+)
 def test_linear_trains_through_the_kernel_in_interpret_mode():
-  ours = pflax.Linear(32, 16, activation="gelu_exact", dtype=jnp.bfloat16,
-                      implementation="interpret", rngs=nnx.Rngs(5))
+  ours = pflax.Linear(
+      32,
+      16,
+      activation="gelu_exact",
+      dtype=jnp.bfloat16,
+      implementation="interpret",
+      rngs=nnx.Rngs(5),
+  )
   ref = nnx.Linear(32, 16, dtype=jnp.bfloat16, rngs=nnx.Rngs(5))
   ref_loss = lambda m, x: jnp.mean(jax.nn.gelu(m(x).astype(jnp.float32), approximate=False) ** 2)
   x = _x((2, 8, 32))
@@ -161,8 +175,9 @@ def test_dense_matches_linen_dense(activation):
   ref_apply = lambda p: act(ref.apply(p, x).astype(jnp.float32)).astype(jnp.bfloat16)
   _assert_close(ours.apply(params, x), ref_apply(params), 1.5e-2)
   loss = lambda f: lambda p: jnp.mean(f(p).astype(jnp.float32) ** 2)
-  _assert_close(jax.grad(loss(lambda p: ours.apply(p, x)))(params),
-                jax.grad(loss(ref_apply))(params), 1.5e-2)
+  _assert_close(
+      jax.grad(loss(lambda p: ours.apply(p, x)))(params), jax.grad(loss(ref_apply))(params), 1.5e-2
+  )
 
 
 def test_example_trains_an_mlp(capsys):
@@ -173,6 +188,21 @@ def test_example_trains_an_mlp(capsys):
   spec = importlib.util.spec_from_file_location("train_mlp", path)
   example = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(example)
-  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
-                       "--implementation", "xla", "--log-every", "20"]) == 0
+  assert (
+      example.main(
+          [
+              "--steps",
+              "40",
+              "--batch",
+              "64",
+              "--sizes",
+              "32,64,16",
+              "--implementation",
+              "xla",
+              "--log-every",
+              "20",
+          ]
+      )
+      == 0
+  )
   assert "loss went down for both: True" in capsys.readouterr().out

@@ -18,8 +18,9 @@ def _export(a_shape, b_shape, *, dtype="bfloat16", bias=False, c_shape=None, c_d
   args = [jax.ShapeDtypeStruct(a_shape, dtype), jax.ShapeDtypeStruct(b_shape, dtype)]
   n = b_shape[-2] if kw.get("transpose_b") else b_shape[-1]
   args.append(jax.ShapeDtypeStruct((n,), jnp.float32) if bias else None)
-  args.append(jax.ShapeDtypeStruct(c_shape, c_dtype or kw.get("out_dtype") or dtype)
-              if c_shape else None)
+  args.append(
+      jax.ShapeDtypeStruct(c_shape, c_dtype or kw.get("out_dtype") or dtype) if c_shape else None
+  )
   fn = jax.jit(lambda a, b, bias, c: matmul(a, b, bias=bias, c=c, implementation="pallas", **kw))
   exported = jax.export.export(fn, platforms=["cuda"])(*args)
   assert "mosaic_gpu" in exported.mlir_module()
@@ -39,13 +40,22 @@ def test_layouts_and_dtypes(dtype, layout):
   assert exp.out_avals[0].shape == (1000, 1016)
 
 
-@pytest.mark.parametrize("config", [
-    GemmConfig(), COOP_N, PINGPONG,
-    GemmConfig(cluster=(2, 1)), GemmConfig(cluster=(1, 2)),
-    dataclasses.replace(PINGPONG, cluster=(2, 1)),
-    GemmConfig(stages=3, epilogue_tile=None), GemmConfig(raster="along_m", group=4),
-    GemmConfig(tile_m=256, tile_n=128), GemmConfig(tile_m=64, tile_n=256, wg_split="n"),
-], ids=lambda c: f"{c.schedule}-{c.wg_split}-{c.tile_m}x{c.tile_n}-s{c.stages}-c{c.cluster}")
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(),
+        COOP_N,
+        PINGPONG,
+        GemmConfig(cluster=(2, 1)),
+        GemmConfig(cluster=(1, 2)),
+        dataclasses.replace(PINGPONG, cluster=(2, 1)),
+        GemmConfig(stages=3, epilogue_tile=None),
+        GemmConfig(raster="along_m", group=4),
+        GemmConfig(tile_m=256, tile_n=128),
+        GemmConfig(tile_m=64, tile_n=256, wg_split="n"),
+    ],
+    ids=lambda c: f"{c.schedule}-{c.wg_split}-{c.tile_m}x{c.tile_n}-s{c.stages}-c{c.cluster}",
+)
 @pytest.mark.parametrize("layout", ["NN", "TT"])
 def test_configs(config, layout):
   ta, tb = layout[0] == "T", layout[1] == "T"
@@ -56,58 +66,78 @@ def test_configs(config, layout):
 
 
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("epilogue", [
-    dict(), dict(bias=True, activation="gelu_tanh"), dict(bias=True, activation="gelu_exact"),
-    dict(activation="relu"), dict(activation="silu"), dict(activation="sigmoid"),
-    dict(c_shape=(1000, 1016), alpha=0.5, beta=2.0, bias=True),
-], ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()) or "plain")
+@pytest.mark.parametrize(
+    "epilogue",
+    [
+        dict(),
+        dict(bias=True, activation="gelu_tanh"),
+        dict(bias=True, activation="gelu_exact"),
+        dict(activation="relu"),
+        dict(activation="silu"),
+        dict(activation="sigmoid"),
+        dict(c_shape=(1000, 1016), alpha=0.5, beta=2.0, bias=True),
+    ],
+    ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()) or "plain",
+)
 def test_epilogues(out_dtype, epilogue):
   _export((1000, 1000), (1000, 1016), out_dtype=out_dtype, **epilogue)
 
 
-@pytest.mark.parametrize("case", [
-    dict(a_shape=(3, 300, 200), b_shape=(3, 200, 264)),
-    dict(a_shape=(3, 200, 300), b_shape=(3, 264, 200), transpose_a=True, transpose_b=True),
-    dict(a_shape=(2, 3, 100, 64), b_shape=(64, 200)),            # batch folded into M
-    dict(a_shape=(3, 64, 100), b_shape=(64, 200), transpose_a=True),  # shared 2-D B
-    dict(a_shape=(100, 64), b_shape=(3, 64, 200), c_shape=(100, 200), beta=1.0),
-], ids=["batched", "batched-TT", "fold-into-M", "shared-B", "shared-A-c2d"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(a_shape=(3, 300, 200), b_shape=(3, 200, 264)),
+        dict(a_shape=(3, 200, 300), b_shape=(3, 264, 200), transpose_a=True, transpose_b=True),
+        dict(a_shape=(2, 3, 100, 64), b_shape=(64, 200)),  # batch folded into M
+        dict(a_shape=(3, 64, 100), b_shape=(64, 200), transpose_a=True),  # shared 2-D B
+        dict(a_shape=(100, 64), b_shape=(3, 64, 200), c_shape=(100, 200), beta=1.0),
+    ],
+    ids=["batched", "batched-TT", "fold-into-M", "shared-B", "shared-A-c2d"],
+)
 def test_batched(case):
   _export(**case)
 
 
-@pytest.mark.parametrize("m,n,k", [
-    (4000, 8000, 4000),  # K % 64 != 0 -> 64-byte swizzle, no copy
-    (200, 136, 72),      # nothing aligned -> pads
-    (5, 1, 40), (1, 300, 1), (1001, 999, 1003),
-])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (4000, 8000, 4000),  # K % 64 != 0 -> 64-byte swizzle, no copy
+        (200, 136, 72),  # nothing aligned -> pads
+        (5, 1, 40),
+        (1, 300, 1),
+        (1001, 999, 1003),
+    ],
+)
 def test_odd_shapes(m, n, k):
   a, b = _shapes(m, n, k, False, False)
   assert _export(a, b).out_avals[0].shape == (m, n)
 
 
 # -- rejected configurations: our ValueError, naming the field ----------------
-@pytest.mark.parametrize("fields,field", [
-    (dict(stages=1), "stages"),
-    (dict(stages=6), "stages"),           # shared memory
-    (dict(tile_m=96), "tile_m"),
-    (dict(tile_n=512), "tile_n"),
-    (dict(tile_n=200), "tile_n"),         # MN-major B tile needs whole 32-byte spans
-    (dict(tile_m=64, tile_n=48, wg_split="n", epilogue_tile=(64, 8)), "tile_n"),  # 24 per WG
-    (dict(tile_k=48), "tile_k"),
-    (dict(tile_m=256, tile_n=256), "tile_n"),  # accumulator registers
-    (dict(cluster=(2, 2)), "cluster"),
-    (dict(schedule="stream-k"), "schedule"),
-    (dict(wg_split="k"), "wg_split"),
-    (dict(raster="hilbert"), "raster"),
-    (dict(group=0), "group"),
-    (dict(tile_k=0), "tile_k"),                 # at construction, not a ZeroDivisionError
-    (dict(stages=2.5), "stages"),
-    (dict(cluster=(2,)), "cluster"),
-    (dict(num_sms=3, cluster=(2, 1)), "num_sms"),
-    (dict(epilogue_tile=(32, 64)), "epilogue_tile"),
-    (dict(epilogue_tile=(64, 96)), "epilogue_tile"),
-])
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        (dict(stages=1), "stages"),
+        (dict(stages=6), "stages"),  # shared memory
+        (dict(tile_m=96), "tile_m"),
+        (dict(tile_n=512), "tile_n"),
+        (dict(tile_n=200), "tile_n"),  # MN-major B tile needs whole 32-byte spans
+        (dict(tile_m=64, tile_n=48, wg_split="n", epilogue_tile=(64, 8)), "tile_n"),  # 24 per WG
+        (dict(tile_k=48), "tile_k"),
+        (dict(tile_m=256, tile_n=256), "tile_n"),  # accumulator registers
+        (dict(cluster=(2, 2)), "cluster"),
+        (dict(schedule="stream-k"), "schedule"),
+        (dict(wg_split="k"), "wg_split"),
+        (dict(raster="hilbert"), "raster"),
+        (dict(group=0), "group"),
+        (dict(tile_k=0), "tile_k"),  # at construction, not a ZeroDivisionError
+        (dict(stages=2.5), "stages"),
+        (dict(cluster=(2,)), "cluster"),
+        (dict(num_sms=3, cluster=(2, 1)), "num_sms"),
+        (dict(epilogue_tile=(32, 64)), "epilogue_tile"),
+        (dict(epilogue_tile=(64, 96)), "epilogue_tile"),
+    ],
+)
 def test_rejected_configs(fields, field):
   with pytest.raises(ValueError, match=rf"^GemmConfig\.{field}="):
     _export((1024, 1024), (1024, 1024), config=GemmConfig(**fields))
@@ -128,30 +158,53 @@ def test_transposed_a_needs_split_n():
     _export((1024, 1024), (1024, 1024), transpose_a=True, config=GemmConfig(wg_split="m"))
 
 
-@pytest.mark.parametrize("kwargs,error,name", [
-    (dict(a=jnp.ones((8, 8), jnp.int8), b=jnp.ones((8, 8), jnp.int8)), TypeError, "a must be"),
-    (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.float16)), TypeError, "a and b"),
-    (dict(a=jnp.ones((8, 8), jnp.float32), b=jnp.ones((8, 8), jnp.bfloat16)), TypeError, "a and b"),
-    (dict(out_scale=2.0), ValueError, "out_scale"),
-    (dict(out_scale=jnp.float32(2.0), out_dtype="float8_e4m3fn"), TypeError, "out_scale"),
-    (dict(c=jnp.ones((8, 8)), beta=1.0, out_dtype="float8_e4m3fn"), ValueError, "c "),
-    (dict(clamp=(1.0,)), TypeError, "clamp"),
-    (dict(clamp=(2.0, 1.0)), ValueError, "clamp"),
-    (dict(row_bias=jnp.ones((7,))), ValueError, "row_bias"),
-    (dict(residual=jnp.ones((8, 7))), ValueError, "residual"),
-    (dict(residual=jnp.ones((8, 8), jnp.int8)), TypeError, "residual"),
-    (dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((9, 8), jnp.bfloat16)), ValueError, "contracting"),
-    (dict(a=jnp.ones((8,), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "a must have"),
-    (dict(bias=jnp.ones((7,))), ValueError, "bias"),
-    (dict(c=jnp.ones((8, 7)), beta=1.0), ValueError, "c must"),
-    (dict(beta=1.0), ValueError, "beta"),
-    (dict(alpha=jnp.float32(2.0)), TypeError, "alpha"),
-    (dict(activation="tanh"), ValueError, "activation"),
-    (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
-    (dict(implementation="triton"), ValueError, "implementation"),
-    (dict(config=dict(tile_m=128)), TypeError, "config"),
-    (dict(a=jnp.ones((2, 8, 8), jnp.bfloat16), b=jnp.ones((3, 8, 8), jnp.bfloat16)), ValueError, "batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,name",
+    [
+        (dict(a=jnp.ones((8, 8), jnp.int8), b=jnp.ones((8, 8), jnp.int8)), TypeError, "a must be"),
+        (
+            dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.float16)),
+            TypeError,
+            "a and b",
+        ),
+        (
+            dict(a=jnp.ones((8, 8), jnp.float32), b=jnp.ones((8, 8), jnp.bfloat16)),
+            TypeError,
+            "a and b",
+        ),
+        (dict(out_scale=2.0), ValueError, "out_scale"),
+        (dict(out_scale=jnp.float32(2.0), out_dtype="float8_e4m3fn"), TypeError, "out_scale"),
+        (dict(c=jnp.ones((8, 8)), beta=1.0, out_dtype="float8_e4m3fn"), ValueError, "c "),
+        (dict(clamp=(1.0,)), TypeError, "clamp"),
+        (dict(clamp=(2.0, 1.0)), ValueError, "clamp"),
+        (dict(row_bias=jnp.ones((7,))), ValueError, "row_bias"),
+        (dict(residual=jnp.ones((8, 7))), ValueError, "residual"),
+        (dict(residual=jnp.ones((8, 8), jnp.int8)), TypeError, "residual"),
+        (
+            dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((9, 8), jnp.bfloat16)),
+            ValueError,
+            "contracting",
+        ),
+        (
+            dict(a=jnp.ones((8,), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16)),
+            ValueError,
+            "a must have",
+        ),
+        (dict(bias=jnp.ones((7,))), ValueError, "bias"),
+        (dict(c=jnp.ones((8, 7)), beta=1.0), ValueError, "c must"),
+        (dict(beta=1.0), ValueError, "beta"),
+        (dict(alpha=jnp.float32(2.0)), TypeError, "alpha"),
+        (dict(activation="tanh"), ValueError, "activation"),
+        (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
+        (dict(implementation="triton"), ValueError, "implementation"),
+        (dict(config=dict(tile_m=128)), TypeError, "config"),
+        (
+            dict(a=jnp.ones((2, 8, 8), jnp.bfloat16), b=jnp.ones((3, 8, 8), jnp.bfloat16)),
+            ValueError,
+            "batch",
+        ),
+    ],
+)
 def test_bad_arguments(kwargs, error, name):
   args = dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.bfloat16))
   args.update(kwargs)
@@ -173,12 +226,21 @@ def test_k_major_dtypes(dtype, layout):
   assert transposes == int(ta) + int(not tb), transposes
 
 
-@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32", "float8_e4m3fn",
-                                       "float8_e5m2"])
+@pytest.mark.parametrize(
+    "out_dtype", ["bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2"]
+)
 def test_fp8_outputs(out_dtype):
   kw = dict(out_scale=0.5) if out_dtype.startswith("float8") else {}
-  exp = _export((512, 1024), (768, 1024), dtype="float8_e4m3fn", transpose_b=True,
-                out_dtype=out_dtype, bias=True, activation="gelu_tanh", **kw)
+  exp = _export(
+      (512, 1024),
+      (768, 1024),
+      dtype="float8_e4m3fn",
+      transpose_b=True,
+      out_dtype=out_dtype,
+      bias=True,
+      activation="gelu_tanh",
+      **kw,
+  )
   assert exp.out_avals[0].dtype == out_dtype
 
 
@@ -187,7 +249,9 @@ def test_bf16_in_fp8_out():
 
 
 def test_mixed_fp8():
-  a, b = jax.ShapeDtypeStruct((512, 1024), "float8_e4m3fn"), jax.ShapeDtypeStruct((768, 1024), "float8_e5m2")
+  a, b = jax.ShapeDtypeStruct((512, 1024), "float8_e4m3fn"), jax.ShapeDtypeStruct(
+      (768, 1024), "float8_e5m2"
+  )
   fn = jax.jit(lambda a, b: matmul(a, b, transpose_b=True, implementation="pallas"))
   if _compat.SUPPORTS_MIXED_FP8:
     assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(a, b).mlir_module()
@@ -200,45 +264,85 @@ def test_mixed_fp8():
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
 def test_epilogue_extras(res_dtype, out_dtype):
   m, n, k = 1000, 1016, 1000
-  fn = jax.jit(lambda a, b, bias, rb, res, c: matmul(
-      a, b, bias=bias, row_bias=rb, residual=res, c=c, beta=0.5, clamp=(-1.0, None),
-      activation="silu", out_dtype=out_dtype, implementation="pallas"))
-  args = (jax.ShapeDtypeStruct((m, k), "bfloat16"), jax.ShapeDtypeStruct((k, n), "bfloat16"),
-          jax.ShapeDtypeStruct((n,), "float32"), jax.ShapeDtypeStruct((m,), "float32"),
-          jax.ShapeDtypeStruct((m, n), res_dtype), jax.ShapeDtypeStruct((m, n), out_dtype))
+  fn = jax.jit(
+      lambda a, b, bias, rb, res, c: matmul(
+          a,
+          b,
+          bias=bias,
+          row_bias=rb,
+          residual=res,
+          c=c,
+          beta=0.5,
+          clamp=(-1.0, None),
+          activation="silu",
+          out_dtype=out_dtype,
+          implementation="pallas",
+      )
+  )
+  args = (
+      jax.ShapeDtypeStruct((m, k), "bfloat16"),
+      jax.ShapeDtypeStruct((k, n), "bfloat16"),
+      jax.ShapeDtypeStruct((n,), "float32"),
+      jax.ShapeDtypeStruct((m,), "float32"),
+      jax.ShapeDtypeStruct((m, n), res_dtype),
+      jax.ShapeDtypeStruct((m, n), out_dtype),
+  )
   assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(*args).mlir_module()
 
 
-@pytest.mark.parametrize("config", [  # a residual tile needs SMEM: one stage fewer
-    dataclasses.replace(COOP_N, stages=3), dataclasses.replace(PINGPONG, stages=4),
-    GemmConfig(cluster=(2, 1), stages=3)], ids=["coop-n", "pingpong", "cluster21"])
+@pytest.mark.parametrize(
+    "config",
+    [  # a residual tile needs SMEM: one stage fewer
+        dataclasses.replace(COOP_N, stages=3),
+        dataclasses.replace(PINGPONG, stages=4),
+        GemmConfig(cluster=(2, 1), stages=3),
+    ],
+    ids=["coop-n", "pingpong", "cluster21"],
+)
 def test_epilogue_extras_batched_schedules(config):
-  fn = jax.jit(lambda a, b, rb, res: matmul(
-      a, b, row_bias=rb, residual=res, clamp=(None, 2.0), config=config, implementation="pallas"))
-  args = (jax.ShapeDtypeStruct((2, 3, 300, 256), "bfloat16"), jax.ShapeDtypeStruct((256, 264), "bfloat16"),
-          jax.ShapeDtypeStruct((300,), "float32"), jax.ShapeDtypeStruct((2, 3, 300, 264), "bfloat16"))
+  fn = jax.jit(
+      lambda a, b, rb, res: matmul(
+          a, b, row_bias=rb, residual=res, clamp=(None, 2.0), config=config, implementation="pallas"
+      )
+  )
+  args = (
+      jax.ShapeDtypeStruct((2, 3, 300, 256), "bfloat16"),
+      jax.ShapeDtypeStruct((256, 264), "bfloat16"),
+      jax.ShapeDtypeStruct((300,), "float32"),
+      jax.ShapeDtypeStruct((2, 3, 300, 264), "bfloat16"),
+  )
   assert jax.export.export(fn, platforms=["cuda"])(*args).out_avals[0].shape == (2, 3, 300, 264)
 
 
-@pytest.mark.parametrize("problem,field", [
-    (GemmProblem(m=1024, n=1024, k=1024, dtype="float8_e4m3fn"), "transpose_a"),
-    (GemmProblem(m=1024, n=1024, k=1024, dtype="float32", transpose_a=True, transpose_b=True),
-     "transpose_a"),
-    (GemmProblem(m=1024, n=1024, k=1024, dtype="int8", transpose_b=True), "dtype"),
-    (GemmProblem(m=1024, n=1024, k=1024, transpose_b=True, b_dtype="float16"), "b_dtype"),
-    (GemmProblem(m=1024, n=1024, k=1024, out_dtype="int8"), "out_dtype"),
-    (GemmProblem(m=1024, n=1024, k=1024, out_dtype="float8_e4m3fn", has_c=True), "has_c"),
-    (GemmProblem(m=1024, n=1024, k=1024, residual_dtype="int8"), "residual_dtype"),
-])
+@pytest.mark.parametrize(
+    "problem,field",
+    [
+        (GemmProblem(m=1024, n=1024, k=1024, dtype="float8_e4m3fn"), "transpose_a"),
+        (
+            GemmProblem(
+                m=1024, n=1024, k=1024, dtype="float32", transpose_a=True, transpose_b=True
+            ),
+            "transpose_a",
+        ),
+        (GemmProblem(m=1024, n=1024, k=1024, dtype="int8", transpose_b=True), "dtype"),
+        (GemmProblem(m=1024, n=1024, k=1024, transpose_b=True, b_dtype="float16"), "b_dtype"),
+        (GemmProblem(m=1024, n=1024, k=1024, out_dtype="int8"), "out_dtype"),
+        (GemmProblem(m=1024, n=1024, k=1024, out_dtype="float8_e4m3fn", has_c=True), "has_c"),
+        (GemmProblem(m=1024, n=1024, k=1024, residual_dtype="int8"), "residual_dtype"),
+    ],
+)
 def test_rejected_problems(problem, field):
   with pytest.raises(ValueError, match=rf"^GemmProblem\.{field}="):
     GemmConfig(tile_k=128).validate(problem)
 
 
-@pytest.mark.parametrize("config", [
-    GemmConfig(tile_k=64),                                   # fp8: one 128-byte span is 128
-    GemmConfig(tile_k=128, stages=5),                        # shared memory
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(tile_k=64),  # fp8: one 128-byte span is 128
+        GemmConfig(tile_k=128, stages=5),  # shared memory
+    ],
+)
 def test_rejected_fp8_configs(config):
   field = "tile_k" if config.tile_k == 64 else "stages"
   problem = GemmProblem(m=4096, n=4096, k=4096, dtype="float8_e4m3fn", transpose_b=True)
@@ -253,18 +357,38 @@ def test_pingpong_needs_even_stages_from_4(stages):
     config.validate(GemmProblem(m=4096, n=4096, k=4096))
 
 
-@pytest.mark.parametrize("config", [None, GemmConfig(schedule="pingpong", tile_n=128, stages=4),
-                                    GemmConfig(stages=3, epilogue_tile=None)],
-                         ids=["default", "pingpong", "whole-tile-epilogue"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        GemmConfig(schedule="pingpong", tile_n=128, stages=4),
+        GemmConfig(stages=3, epilogue_tile=None),
+    ],
+    ids=["default", "pingpong", "whole-tile-epilogue"],
+)
 def test_return_pre(config):
   """y and pre from one epilogue: two outputs of the same kernel (what training saves)."""
   from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry
 
-  args = (jax.ShapeDtypeStruct((1000, 520), jnp.bfloat16),
-          jax.ShapeDtypeStruct((1016, 520), jnp.bfloat16), jax.ShapeDtypeStruct((1016,), jnp.float32))
-  fn = jax.jit(lambda a, b, bias: kernel_matmul(
-      a, b, bias=bias, transpose_b=True, activation="gelu_tanh", return_pre=True, config=config,
-      implementation="pallas"))
+  args = (
+      jax.ShapeDtypeStruct((1000, 520), jnp.bfloat16),
+      jax.ShapeDtypeStruct((1016, 520), jnp.bfloat16),
+      jax.ShapeDtypeStruct((1016,), jnp.float32),
+  )
+  fn = jax.jit(
+      lambda a, b, bias: kernel_matmul(
+          a,
+          b,
+          bias=bias,
+          transpose_b=True,
+          activation="gelu_tanh",
+          return_pre=True,
+          config=config,
+          implementation="pallas",
+      )
+  )
   exported = jax.export.export(fn, platforms=["cuda"])(*args)
   assert [a.shape for a in exported.out_avals] == [(1000, 1016)] * 2
-  assert re.findall(r"custom_call @(\w+)", exported.mlir_module()) == ["mosaic_gpu_v2"]  # one launch
+  assert re.findall(r"custom_call @(\w+)", exported.mlir_module()) == [
+      "mosaic_gpu_v2"
+  ]  # one launch

@@ -31,7 +31,8 @@ BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-5}
 
 needs_clusters = pytest.mark.skipif(
     not _compat.INTERPRET_SUPPORTS_CLUSTERS,
-    reason="jax 0.10.2's GPU interpreter has no cluster barriers (TMA multicast)")
+    reason="jax 0.10.2's GPU interpreter has no cluster barriers (TMA multicast)",
+)
 
 
 def _random(rng, shape, dtype):
@@ -41,8 +42,9 @@ def _random(rng, shape, dtype):
 def _reference(a, b, ta, tb, *, bias=None, c=None, alpha=1.0, beta=0.0, activation=None):
   a64 = np.asarray(a.astype(jnp.float32), np.float64)
   b64 = np.asarray(b.astype(jnp.float32), np.float64)
-  y = alpha * np.matmul(np.swapaxes(a64, -1, -2) if ta else a64,
-                        np.swapaxes(b64, -1, -2) if tb else b64)
+  y = alpha * np.matmul(
+      np.swapaxes(a64, -1, -2) if ta else a64, np.swapaxes(b64, -1, -2) if tb else b64
+  )
   if c is not None:
     y = y + beta * np.asarray(c.astype(jnp.float32), np.float64)
   if bias is not None:
@@ -76,8 +78,17 @@ def _run(m, n, k, *, layout="NN", dtype="bfloat16", batch=(), seed=0, config=Non
   bias = _random(rng, (n,), jnp.float32) if kw.pop("bias", False) else None
   out_dtype = kw.get("out_dtype", dtype)
   c = _random(rng, kw.pop("c_shape"), out_dtype) if "c_shape" in kw else None
-  out = matmul(a, b, transpose_a=ta, transpose_b=tb, bias=bias, c=c, config=config,
-               implementation="interpret", **kw)
+  out = matmul(
+      a,
+      b,
+      transpose_a=ta,
+      transpose_b=tb,
+      bias=bias,
+      c=c,
+      config=config,
+      implementation="interpret",
+      **kw,
+  )
   ref_kw = {key: kw[key] for key in ("alpha", "beta", "activation") if key in kw}
   _check(out, _reference(a, b, ta, tb, bias=bias, c=c, **ref_kw), out_dtype)
 
@@ -87,52 +98,82 @@ def test_nn(dtype):
   _run(256, 256, 192, dtype=dtype)
 
 
-@pytest.mark.parametrize("layout", [
-    pytest.param("NT", marks=needs_transposes),
-    pytest.param("TN", marks=needs_transposes),
-    pytest.param("TT", marks=needs_transposes),
-])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("NT", marks=needs_transposes),
+        pytest.param("TN", marks=needs_transposes),
+        pytest.param("TT", marks=needs_transposes),
+    ],
+)
 def test_transposed_layouts(layout):
-  _run(256, 256, 192, layout=layout,
-       config=GemmConfig(wg_split="n") if layout[0] == "T" else None)
+  _run(256, 256, 192, layout=layout, config=GemmConfig(wg_split="n") if layout[0] == "T" else None)
 
 
-@pytest.mark.parametrize("config", [
-    GemmConfig(wg_split="n"),
-    GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
-    GemmConfig(stages=3, epilogue_tile=None),
-    GemmConfig(tile_n=128, raster="along_m", group=1, stages=2),
-    pytest.param(GemmConfig(cluster=(2, 1)), marks=needs_clusters),
-    pytest.param(GemmConfig(cluster=(1, 2), tile_n=128), marks=needs_clusters),
-    pytest.param(GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4,
-                            cluster=(2, 1)), marks=needs_clusters),
-], ids=["coop-n", "pingpong", "whole-epilogue", "along_m-2stages",
-        "cluster21", "cluster12", "pingpong-cluster21"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(wg_split="n"),
+        GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
+        GemmConfig(stages=3, epilogue_tile=None),
+        GemmConfig(tile_n=128, raster="along_m", group=1, stages=2),
+        pytest.param(GemmConfig(cluster=(2, 1)), marks=needs_clusters),
+        pytest.param(GemmConfig(cluster=(1, 2), tile_n=128), marks=needs_clusters),
+        pytest.param(
+            GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4, cluster=(2, 1)),
+            marks=needs_clusters,
+        ),
+    ],
+    ids=[
+        "coop-n",
+        "pingpong",
+        "whole-epilogue",
+        "along_m-2stages",
+        "cluster21",
+        "cluster12",
+        "pingpong-cluster21",
+    ],
+)
 def test_schedules(config):
   # 3x3 tiles of 128 rows over 2 SMs: uneven tile counts per SM and per warpgroup.
   _run(384, 3 * config.tile_n, 256, config=config)
 
 
-@pytest.mark.parametrize("config", [
-    GemmConfig(tile_m=64, tile_n=64, wg_split="n", stages=4, epilogue_tile=(64, 32)),
-    GemmConfig(tile_m=128, tile_n=32, stages=4, epilogue_tile=(64, 32)),
-    GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
-], ids=["coop-n-64x64", "coop-m-128x32", "pingpong-64x32"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(tile_m=64, tile_n=64, wg_split="n", stages=4, epilogue_tile=(64, 32)),
+        GemmConfig(tile_m=128, tile_n=32, stages=4, epilogue_tile=(64, 32)),
+        GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+    ],
+    ids=["coop-n-64x64", "coop-m-128x32", "pingpong-64x32"],
+)
 def test_narrow_n_major_b_tiles_narrow_the_swizzle(config):
   # Each warpgroup's slice of the N-major B tile is 32 columns: a 64-byte swizzle, not 128.
   _run(136, 104, 200, config=config)
 
 
-@pytest.mark.parametrize("epilogue", [
-    dict(bias=True, activation="relu"),
-    dict(bias=True, activation="gelu_tanh"),
-    dict(activation="gelu_exact"),
-    dict(activation="silu"),
-    dict(bias=True, activation="sigmoid"),
-    dict(c_shape=(256, 256), alpha=0.5, beta=-2.0, bias=True),
-    dict(out_dtype="float32", c_shape=(256, 256), beta=1.0),
-], ids=["bias-relu", "bias-gelu_tanh", "gelu_exact", "silu", "bias-sigmoid",
-        "alpha-beta-c-bias", "f32-out-c"])
+@pytest.mark.parametrize(
+    "epilogue",
+    [
+        dict(bias=True, activation="relu"),
+        dict(bias=True, activation="gelu_tanh"),
+        dict(activation="gelu_exact"),
+        dict(activation="silu"),
+        dict(bias=True, activation="sigmoid"),
+        dict(c_shape=(256, 256), alpha=0.5, beta=-2.0, bias=True),
+        dict(out_dtype="float32", c_shape=(256, 256), beta=1.0),
+    ],
+    ids=[
+        "bias-relu",
+        "bias-gelu_tanh",
+        "gelu_exact",
+        "silu",
+        "bias-sigmoid",
+        "alpha-beta-c-bias",
+        "f32-out-c",
+    ],
+)
 def test_epilogues(epilogue):
   _run(256, 256, 128, **epilogue)
 
@@ -158,8 +199,7 @@ def test_batched_transposed_a_with_shared_b():
   rng = np.random.default_rng(3)
   a = _random(rng, (3, 64, 100), "bfloat16")
   b = _random(rng, (64, 136), "bfloat16")
-  out = matmul(a, b, transpose_a=True, implementation="interpret",
-               config=GemmConfig(wg_split="n"))
+  out = matmul(a, b, transpose_a=True, implementation="interpret", config=GemmConfig(wg_split="n"))
   _check(out, _reference(a, b, True, False), "bfloat16")
 
 
@@ -169,8 +209,13 @@ def test_k_tail_zero_fill():
   a = _random(rng, (256, 96), "bfloat16")
   b = _random(rng, (96, 256), "bfloat16")
   problem = GemmProblem(m=256, n=256, k=96)
-  out = hopper_gemm(a, b, problem=problem, config=GemmConfig(num_sms=2),
-                    interpret=_compat.interpret_params(zero_fill=True))
+  out = hopper_gemm(
+      a,
+      b,
+      problem=problem,
+      config=GemmConfig(num_sms=2),
+      interpret=_compat.interpret_params(zero_fill=True),
+  )
   _check(out, _reference(a, b, False, False), "bfloat16")
 
 
@@ -195,8 +240,10 @@ def test_default_interpret_grid_is_small():
   _run(128, 256, 64, config=cfg)
 
 
-@pytest.mark.skipif(_compat.INTERPRET_SUPPORTS_CLUSTERS,
-                    reason="only interpreters without cluster barriers reject clusters")
+@pytest.mark.skipif(
+    _compat.INTERPRET_SUPPORTS_CLUSTERS,
+    reason="only interpreters without cluster barriers reject clusters",
+)
 def test_cluster_rejected_by_old_interpreter():
   with pytest.raises(ValueError, match=r"^GemmConfig\.cluster="):
     _run(256, 256, 64, config=GemmConfig(cluster=(2, 1)))
@@ -208,12 +255,21 @@ FP8_BOUNDS = {"float8_e4m3fn": 5e-2, "float8_e5m2": 1e-1}
 
 
 @needs_transposes  # WGMMA reads B through a transposed SMEM view (K-major B)
-@pytest.mark.parametrize("case", [
-    dict(a_dtype="float8_e4m3fn", b_dtype="float8_e4m3fn", layout="NN", out_dtype="bfloat16"),
-    dict(a_dtype="float32", b_dtype="float32", layout="TN", out_dtype="float32"),
-    dict(a_dtype="float8_e4m3fn", b_dtype="float8_e5m2", layout="NT", out_dtype="float8_e4m3fn",
-         out_scale=0.25),
-], ids=["e4m3-NN-bf16", "tf32-TN-f32", "e4m3xe5m2-NT-e4m3out"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(a_dtype="float8_e4m3fn", b_dtype="float8_e4m3fn", layout="NN", out_dtype="bfloat16"),
+        dict(a_dtype="float32", b_dtype="float32", layout="TN", out_dtype="float32"),
+        dict(
+            a_dtype="float8_e4m3fn",
+            b_dtype="float8_e5m2",
+            layout="NT",
+            out_dtype="float8_e4m3fn",
+            out_scale=0.25,
+        ),
+    ],
+    ids=["e4m3-NN-bf16", "tf32-TN-f32", "e4m3xe5m2-NT-e4m3out"],
+)
 def test_k_major_dtypes(case):
   """NN/TN go through an XLA transpose to K-major; the result is the same function."""
   case = dict(case)
@@ -225,8 +281,15 @@ def test_k_major_dtypes(case):
   a = _random(rng, (k, m) if ta else (m, k), case["a_dtype"])
   b = _random(rng, (n, k) if tb else (k, n), case["b_dtype"])
   out_scale = case.get("out_scale")
-  out = matmul(a, b, transpose_a=ta, transpose_b=tb, out_dtype=case["out_dtype"],
-               out_scale=out_scale, implementation="interpret")
+  out = matmul(
+      a,
+      b,
+      transpose_a=ta,
+      transpose_b=tb,
+      out_dtype=case["out_dtype"],
+      out_scale=out_scale,
+      implementation="interpret",
+  )
   assert out.dtype == case["out_dtype"]
   ref = _reference(a, b, ta, tb)
   if out_scale is not None:
@@ -251,9 +314,20 @@ def test_epilogue_extras_combined():
   rng = np.random.default_rng(8)
   a, b, bias, row_bias, residual = _extras_operands(rng)
   c = _random(rng, (200, 264), "float32")
-  out = matmul(a, b, bias=bias, row_bias=row_bias, residual=residual, c=c, alpha=0.5,
-               beta=-1.5, activation="gelu_tanh", clamp=(-1.0, 2.5), out_dtype="float32",
-               implementation="interpret")
+  out = matmul(
+      a,
+      b,
+      bias=bias,
+      row_bias=row_bias,
+      residual=residual,
+      c=c,
+      alpha=0.5,
+      beta=-1.5,
+      activation="gelu_tanh",
+      clamp=(-1.0, 2.5),
+      out_dtype="float32",
+      implementation="interpret",
+  )
   y = _reference(a, b, False, False, bias=bias, c=c, alpha=0.5, beta=-1.5, activation=None)
   y = y + np.asarray(row_bias, np.float64)[:, None]
   y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3)))
@@ -271,8 +345,13 @@ def test_odd_epilogue_chunk_count_has_no_race():
   a, b = _random(rng, (128, 64), "bfloat16"), _random(rng, (64, 576), "bfloat16")
   problem = GemmProblem(m=128, n=576, k=64)
   config = GemmConfig(tile_n=192, num_sms=1, stages=2, cluster=(1, 1))
-  out = hopper_gemm(a, b, problem=problem, config=config,
-                    interpret=_compat.interpret_params(zero_fill=False, detect_races=True))
+  out = hopper_gemm(
+      a,
+      b,
+      problem=problem,
+      config=config,
+      interpret=_compat.interpret_params(zero_fill=False, detect_races=True),
+  )
   _check(out, _reference(a, b, False, False), "bfloat16")
   assert not interpret_pallas_call.get_races().races_found
 
@@ -280,13 +359,23 @@ def test_odd_epilogue_chunk_count_has_no_race():
 def test_return_pre():
   """y and the affine part `pre` from one epilogue (what training saves), vs float64."""
   a, b, bias, row_bias, residual = _extras_operands(np.random.default_rng(10))
-  y, pre = kernel_matmul(a, b, bias=bias, row_bias=row_bias, residual=residual,
-                         activation="silu", clamp=(-1.0, 3.0), return_pre=True,
-                         implementation="interpret")
-  want_pre = (_reference(a, b, False, False, bias=bias)
-              + np.asarray(row_bias, np.float64)[:, None])
-  want_y = np.clip(want_pre / (1 + np.exp(-want_pre))
-                   + np.asarray(residual.astype(jnp.float32), np.float64), -1.0, 3.0)
+  y, pre = kernel_matmul(
+      a,
+      b,
+      bias=bias,
+      row_bias=row_bias,
+      residual=residual,
+      activation="silu",
+      clamp=(-1.0, 3.0),
+      return_pre=True,
+      implementation="interpret",
+  )
+  want_pre = _reference(a, b, False, False, bias=bias) + np.asarray(row_bias, np.float64)[:, None]
+  want_y = np.clip(
+      want_pre / (1 + np.exp(-want_pre)) + np.asarray(residual.astype(jnp.float32), np.float64),
+      -1.0,
+      3.0,
+  )
   _check(pre, want_pre, "bfloat16")
   _check(y, want_y, "bfloat16")
 
@@ -302,8 +391,15 @@ def test_return_pre_has_no_race():
   problem = GemmProblem(m=128, n=576, k=64)
   config = GemmConfig(tile_n=192, num_sms=1, stages=2, cluster=(1, 1))
   spec = epilogue_lib.EpilogueSpec(activation="relu")
-  y, pre = hopper_gemm(a, b, problem=problem, config=config, epilogue=spec, return_pre=True,
-                       interpret=_compat.interpret_params(zero_fill=False, detect_races=True))
+  y, pre = hopper_gemm(
+      a,
+      b,
+      problem=problem,
+      config=config,
+      epilogue=spec,
+      return_pre=True,
+      interpret=_compat.interpret_params(zero_fill=False, detect_races=True),
+  )
   ref = _reference(a, b, False, False)
   _check(pre, ref, "bfloat16")
   _check(y, np.maximum(ref, 0), "bfloat16")

@@ -49,15 +49,26 @@ def test_estimate_orders_waves_and_tiles():
 
 
 @settings(max_examples=60, deadline=None)
-@given(m=st.integers(1, 70000), n=st.integers(1, 70000), k=st.integers(1, 70000),
-       dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn", "float32"]),
-       transpose_a=st.booleans(), transpose_b=st.booleans())
+@given(
+    m=st.integers(1, 70000),
+    n=st.integers(1, 70000),
+    k=st.integers(1, 70000),
+    dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn", "float32"]),
+    transpose_a=st.booleans(),
+    transpose_b=st.booleans(),
+)
 def test_default_config_is_valid_for_any_problem(m, n, k, dtype, transpose_a, transpose_b):
   if dtype in ("float8_e4m3fn", "float32"):  # the kernel takes these K-major only
     transpose_a, transpose_b = False, True
-  problem = GemmProblem(m=m, n=n, k=k, dtype=dtype, transpose_a=transpose_a,
-                        transpose_b=transpose_b,
-                        out_dtype="float32" if dtype == "float32" else "bfloat16")
+  problem = GemmProblem(
+      m=m,
+      n=n,
+      k=k,
+      dtype=dtype,
+      transpose_a=transpose_a,
+      transpose_b=transpose_b,
+      out_dtype="float32" if dtype == "float32" else "bfloat16",
+  )
   config = heuristics.default_config(problem, num_sms=132)
   config.validate(problem)
   assert config in heuristics.candidates(problem, 132) or not heuristics.candidates(problem, 132)

@@ -25,24 +25,33 @@ def cache_dir(tmp_path):
 
 def _loss(a, b, w):
   y = pallas_gemm.matmul(a, b, implementation="pallas")
-  z = pallas_gemm.matmul(y, w, bias=jnp.ones((w.shape[1],), jnp.float32),
-                         activation="gelu_tanh", implementation="pallas")
+  z = pallas_gemm.matmul(
+      y,
+      w,
+      bias=jnp.ones((w.shape[1],), jnp.float32),
+      activation="gelu_tanh",
+      implementation="pallas",
+  )
   return z.astype(jnp.float32).sum()
 
 
-ARGS = (jax.ShapeDtypeStruct((1000, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
-        jax.ShapeDtypeStruct((256, 128), jnp.bfloat16))
+ARGS = (
+    jax.ShapeDtypeStruct((1000, 512), jnp.bfloat16),
+    jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+    jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+)
 
 
 def _module():
   """The training step's module for CUDA, without source locations."""
   jax.clear_caches()
-  text = jax.export.export(jax.jit(jax.grad(_loss, argnums=(0, 1, 2))),
-                           platforms=["cuda"])(*ARGS).mlir_module()
+  text = jax.export.export(jax.jit(jax.grad(_loss, argnums=(0, 1, 2))), platforms=["cuda"])(
+      *ARGS
+  ).mlir_module()
   text = re.sub(r"loc\([^)]*\)", "", text)
-  return "\n".join(line for line in text.splitlines()
-                   if line.strip() and not line.startswith("#loc"))
+  return "\n".join(
+      line for line in text.splitlines() if line.strip() and not line.startswith("#loc")
+  )
 
 
 def _no_lowering(*_):
@@ -68,7 +77,7 @@ def test_an_unreadable_entry_is_lowered_again_and_replaced(cache_dir, monkeypatc
   broken.write_text("{not json")
   second = _module()  # the kernel lowered again (its module's debug locations may differ)
   assert second.count("@mosaic_gpu") == first.count("@mosaic_gpu")
-  assert broken.read_text().startswith("{\"results\"")
+  assert broken.read_text().startswith('{"results"')
   monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
   assert _module() == second
 

@@ -14,8 +14,26 @@ from benchmarks import models  # noqa: E402
 
 def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
   out = tmp_path / "model.json"
-  assert harness.main(["--size", "small", "--in-process", "--loss-steps", "4", "--rounds", "1",
-                       "--iters", "1", "--decode", "1,8", "--json", str(out)]) == 0
+  assert (
+      harness.main(
+          [
+              "--size",
+              "small",
+              "--in-process",
+              "--loss-steps",
+              "4",
+              "--rounds",
+              "1",
+              "--iters",
+              "1",
+              "--decode",
+              "1,8",
+              "--json",
+              str(out),
+          ]
+      )
+      == 0
+  )
   results = json.loads(out.read_text())
   assert set(results["models"]) == {"gpt", "llama"}
   for arch, result in results["models"].items():
@@ -31,8 +49,10 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
       assert row["step_ms"] > 0 and row["tokens_per_s"] > 0
       assert set(row["inference"]) == {"prefill", "decode1", "decode8"}
   table = capsys.readouterr().out.splitlines()
-  assert table[-1].startswith("x XLA") and sum(line.startswith(("gpt", "llama"))
-                                               for line in table[-8:]) == 6
+  assert (
+      table[-1].startswith("x XLA")
+      and sum(line.startswith(("gpt", "llama")) for line in table[-8:]) == 6
+  )
 
 
 def test_cold_and_warm_compiles_run_in_fresh_processes(tmp_path):
@@ -51,8 +71,9 @@ def test_kernel_groups():
   assert harness.kernel_group("pallas_gemm_16384x2048x8192_NN") == "gemm"
   assert harness.kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
   assert harness.kernel_group("loop_multiply_fusion") == "elementwise"
-  summary = harness.group_kernels([("pallas_gemm_gemm", 10.0), ("input_reduce_fusion", 2.0),
-                                   ("pallas_gemm_gemm", 5.0)])
+  summary = harness.group_kernels(
+      [("pallas_gemm_gemm", 10.0), ("input_reduce_fusion", 2.0), ("pallas_gemm_gemm", 5.0)]
+  )
   assert summary["groups"]["gemm"] == 15.0 and summary["launches"] == 3
 
 
@@ -66,4 +87,3 @@ def test_default_size_is_about_half_a_billion_parameters(arch):
   assert 0.4e9 < params < 0.6e9, params
   embedding = spec.vocab * spec.d_model  # a lookup, no FLOPs
   assert spec.tokens == 16384 and spec.train_flops > 6 * (params - embedding) * spec.tokens
-

@@ -24,9 +24,13 @@ def test_console_script_and_extras_and_no_benchmarks_package():
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
   assert project["project"]["scripts"]["pallas-gemm-tune"] == "pallas_gemm.tune:run"
   from pallas_gemm import tune
+
   assert callable(tune.run)
   extras = project["project"]["optional-dependencies"]
   assert extras["cuda12"] == ["jax[cuda12]"] and extras["cuda13"] == ["jax[cuda13]"]
   # The harness runs from the source tree: a top-level `benchmarks` would shadow PyPI's.
-  assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["layouts*", "pallas_gemm*"]
+  assert project["tool"]["setuptools"]["packages"]["find"]["include"] == [
+      "layouts*",
+      "pallas_gemm*",
+  ]
   assert "recursive-include examples" in (ROOT / "MANIFEST.in").read_text()

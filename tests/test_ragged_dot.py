@@ -26,8 +26,15 @@ import pytest
 from pallas_gemm import _compat
 from pallas_gemm.grouped import _run_tgmm, ragged_dot
 from pallas_gemm.ragged_tgmm import TgmmConfig, TgmmProblem, ragged_tgmm
-from pallas_gemm.ragged_gemm import (RaggedConfig, RaggedProblem, _item_decoder, _Plan,
-                                     default_ragged_config, max_items, ragged_gemm)
+from pallas_gemm.ragged_gemm import (
+    RaggedConfig,
+    RaggedProblem,
+    _item_decoder,
+    _Plan,
+    default_ragged_config,
+    max_items,
+    ragged_gemm,
+)
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
@@ -50,8 +57,9 @@ def _random_sizes(rng, groups, m, *, total=None):
 def _reference(lhs, rhs, sizes, transpose_rhs):
   if transpose_rhs:
     rhs = jnp.swapaxes(rhs, 1, 2)
-  return lax.ragged_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes,
-                        precision=lax.Precision.HIGHEST)
+  return lax.ragged_dot(
+      lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes, precision=lax.Precision.HIGHEST
+  )
 
 
 def _check(out, ref):
@@ -66,16 +74,19 @@ def _check(out, ref):
 
 
 # -- the schedule ---------------------------------------------------------------
-@pytest.mark.parametrize("case", [
-    dict(m=1000, sizes=[300, 0, 0, 511, 189]),       # sum == m, empty groups
-    dict(m=1000, sizes=[128, 128, 0, 300]),          # boundaries on tile edges, a tail
-    dict(m=1000, sizes=[1000, 0, 0]),                # one group takes all rows
-    dict(m=1000, sizes=[0, 0, 0]),                   # all empty: only zeros
-    dict(m=1000, sizes=[700, 700, 5]),               # sum > m: cut at m
-    dict(m=130, sizes=[1, 1, 1, 1, 1, 1, 1, 1, 100]),  # many groups in one tile
-    dict(m=300, rows=384, sizes=[10, 250]),          # padded output rows (interpret)
-    dict(m=2000, sizes=[0, 7, 100, 1, 0] * 8),       # 40 groups: the decoder's loop form
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(m=1000, sizes=[300, 0, 0, 511, 189]),  # sum == m, empty groups
+        dict(m=1000, sizes=[128, 128, 0, 300]),  # boundaries on tile edges, a tail
+        dict(m=1000, sizes=[1000, 0, 0]),  # one group takes all rows
+        dict(m=1000, sizes=[0, 0, 0]),  # all empty: only zeros
+        dict(m=1000, sizes=[700, 700, 5]),  # sum > m: cut at m
+        dict(m=130, sizes=[1, 1, 1, 1, 1, 1, 1, 1, 100]),  # many groups in one tile
+        dict(m=300, rows=384, sizes=[10, 250]),  # padded output rows (interpret)
+        dict(m=2000, sizes=[0, 7, 100, 1, 0] * 8),  # 40 groups: the decoder's loop form
+    ],
+)
 def test_schedule_writes_every_row_once(case):
   m, rows, sizes = case["m"], case.get("rows"), np.asarray(case["sizes"], np.int32)
   problem = RaggedProblem(m=m, n=256, k=64, groups=len(sizes), m_out=rows)
@@ -85,8 +96,9 @@ def test_schedule_writes_every_row_once(case):
   owner = np.full(rows, -2)
   ends = np.minimum(np.cumsum(sizes), m)
   group_of_row = np.searchsorted(ends, np.arange(rows), side="right")  # G for the tail
-  decode = jax.jit(jax.vmap(lambda w: dataclasses.astuple(
-      _item_decoder(jnp.asarray(sizes), plan)(w))))
+  decode = jax.jit(
+      jax.vmap(lambda w: dataclasses.astuple(_item_decoder(jnp.asarray(sizes), plan)(w)))
+  )
   items = [np.asarray(x) for x in decode(jnp.arange(max_items(problem, config)))]
   for group, r0, lo, hi, active, compute in zip(*items):
     if not active:
@@ -107,51 +119,76 @@ def test_schedule_writes_every_row_once(case):
 # -- CUDA lowering (jax.export on the CPU) --------------------------------------
 def _export(m, k, n, g, *, dtype="bfloat16", transpose_rhs=False, **kw):
   rhs_shape = (g, n, k) if transpose_rhs else (g, k, n)
-  args = (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct(rhs_shape, dtype),
-          jax.ShapeDtypeStruct((g,), jnp.int32))
-  fn = jax.jit(lambda a, b, s: ragged_dot(a, b, s, transpose_rhs=transpose_rhs,
-                                          implementation="pallas", **kw))
+  args = (
+      jax.ShapeDtypeStruct((m, k), dtype),
+      jax.ShapeDtypeStruct(rhs_shape, dtype),
+      jax.ShapeDtypeStruct((g,), jnp.int32),
+  )
+  fn = jax.jit(
+      lambda a, b, s: ragged_dot(
+          a, b, s, transpose_rhs=transpose_rhs, implementation="pallas", **kw
+      )
+  )
   exported = jax.export.export(fn, platforms=["cuda"])(*args)
   assert "mosaic_gpu" in exported.mlir_module()
   return exported
 
 
-@pytest.mark.parametrize("transpose_rhs,case", [
-    (False, dict()),
-    (True, dict()),
-    (False, dict(dtype="float16")),
-    (True, dict(preferred_element_type=jnp.float32)),
-    (False, dict(config=RaggedConfig(tile_n=128, stages=6))),
-    (True, dict(config=RaggedConfig(stages=3, epilogue_tile=(64, 64), raster="along_m", group=2))),
-], ids=["default-KN", "default-NK", "f16-KN", "f32-out-NK", "tile_n128-6stages-KN",
-        "epi64-along_m-NK"])
+@pytest.mark.parametrize(
+    "transpose_rhs,case",
+    [
+        (False, dict()),
+        (True, dict()),
+        (False, dict(dtype="float16")),
+        (True, dict(preferred_element_type=jnp.float32)),
+        (False, dict(config=RaggedConfig(tile_n=128, stages=6))),
+        (
+            True,
+            dict(config=RaggedConfig(stages=3, epilogue_tile=(64, 64), raster="along_m", group=2)),
+        ),
+    ],
+    ids=[
+        "default-KN",
+        "default-NK",
+        "f16-KN",
+        "f32-out-NK",
+        "tile_n128-6stages-KN",
+        "epi64-along_m-NK",
+    ],
+)
 def test_export_configs(transpose_rhs, case):
   exp = _export(16384, 2048, 16384, 16, transpose_rhs=transpose_rhs, **case)
   assert exp.out_avals[0].shape == (16384, 16384)
 
 
-@pytest.mark.parametrize("m,k,n,g,transpose_rhs", [
-    (1000, 1000, 1016, 5, False),  # K % 64 != 0 -> 64-byte swizzle, no copy
-    (200, 72, 136, 3, True),       # nothing aligned -> pads
-    (1001, 130, 30, 7, True),
-])
+@pytest.mark.parametrize(
+    "m,k,n,g,transpose_rhs",
+    [
+        (1000, 1000, 1016, 5, False),  # K % 64 != 0 -> 64-byte swizzle, no copy
+        (200, 72, 136, 3, True),  # nothing aligned -> pads
+        (1001, 130, 30, 7, True),
+    ],
+)
 def test_export_odd_shapes(m, k, n, g, transpose_rhs):
   assert _export(m, k, n, g, transpose_rhs=transpose_rhs).out_avals[0].shape == (m, n)
 
 
-@pytest.mark.parametrize("config,field", [
-    (RaggedConfig(tile_m=64), "tile_m"),
-    (RaggedConfig(tile_n=512), "tile_n"),
-    (RaggedConfig(tile_n=200), "tile_n"),
-    (RaggedConfig(tile_k=48), "tile_k"),
-    (RaggedConfig(stages=1), "stages"),
-    (RaggedConfig(stages=5), "stages"),           # shared memory
-    (RaggedConfig(raster="hilbert"), "raster"),
-    (RaggedConfig(group=0), "group"),
-    (RaggedConfig(num_sms=0), "num_sms"),
-    (RaggedConfig(epilogue_tile=(32, 32)), "epilogue_tile"),
-    (RaggedConfig(epilogue_tile=(64, 24)), "epilogue_tile"),
-])
+@pytest.mark.parametrize(
+    "config,field",
+    [
+        (RaggedConfig(tile_m=64), "tile_m"),
+        (RaggedConfig(tile_n=512), "tile_n"),
+        (RaggedConfig(tile_n=200), "tile_n"),
+        (RaggedConfig(tile_k=48), "tile_k"),
+        (RaggedConfig(stages=1), "stages"),
+        (RaggedConfig(stages=5), "stages"),  # shared memory
+        (RaggedConfig(raster="hilbert"), "raster"),
+        (RaggedConfig(group=0), "group"),
+        (RaggedConfig(num_sms=0), "num_sms"),
+        (RaggedConfig(epilogue_tile=(32, 32)), "epilogue_tile"),
+        (RaggedConfig(epilogue_tile=(64, 24)), "epilogue_tile"),
+    ],
+)
 def test_rejected_configs(config, field):
   with pytest.raises(ValueError, match=rf"^RaggedConfig\.{field}="):
     _export(1024, 1024, 1024, 4, config=config)
@@ -165,33 +202,53 @@ def test_export_many_groups():
 @pytest.mark.parametrize("m,p,q,g", [(16384, 2048, 16384, 16), (1001, 72, 136, 40)])
 def test_export_tgmm(m, p, q, g):
   """The drhs kernel lowers (target shape; odd, padded shape with the decoder loop)."""
-  args = (jax.ShapeDtypeStruct((m, p), jnp.bfloat16), jax.ShapeDtypeStruct((m, q), jnp.bfloat16),
-          jax.ShapeDtypeStruct((g,), jnp.int32))
+  args = (
+      jax.ShapeDtypeStruct((m, p), jnp.bfloat16),
+      jax.ShapeDtypeStruct((m, q), jnp.bfloat16),
+      jax.ShapeDtypeStruct((g,), jnp.int32),
+  )
   fn = jax.jit(lambda x, y, s: _run_tgmm(x, y, s, "bfloat16", interpret=False))
   assert jax.export.export(fn, platforms=["cuda"])(*args).out_avals[0].shape == (g, p, q)
 
 
 def test_export_gradient():
   """The whole backward (both kernels) lowers for CUDA."""
-  args = (jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16),
-          jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
-          jax.ShapeDtypeStruct((8,), jnp.int32))
-  fn = jax.jit(jax.grad(lambda a, b, s: jnp.sum(ragged_dot(
-      a, b, s, implementation="pallas").astype(jnp.float32)), (0, 1)))
+  args = (
+      jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16),
+      jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
+      jax.ShapeDtypeStruct((8,), jnp.int32),
+  )
+  fn = jax.jit(
+      jax.grad(
+          lambda a, b, s: jnp.sum(ragged_dot(a, b, s, implementation="pallas").astype(jnp.float32)),
+          (0, 1),
+      )
+  )
   exported = jax.export.export(fn, platforms=["cuda"])(*args)
   assert exported.mlir_module().count("mosaic_gpu") >= 3
 
 
-@pytest.mark.parametrize("config,field", [
-    (TgmmConfig(tile_p=96), "tile_p"), (TgmmConfig(tile_q=384), "tile_q"),
-    (TgmmConfig(tile_r=32), "tile_r"), (TgmmConfig(stages=6), "stages"),
-])
+@pytest.mark.parametrize(
+    "config,field",
+    [
+        (TgmmConfig(tile_p=96), "tile_p"),
+        (TgmmConfig(tile_q=384), "tile_q"),
+        (TgmmConfig(tile_r=32), "tile_r"),
+        (TgmmConfig(stages=6), "stages"),
+    ],
+)
 def test_rejected_tgmm_configs(config, field):
   x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
   s = jax.ShapeDtypeStruct((2,), jnp.int32)
   with pytest.raises(ValueError, match=rf"^TgmmConfig\.{field}="):
-    jax.eval_shape(lambda x, y, s: ragged_tgmm(
-        x, y, s, problem=TgmmProblem(m=256, p=256, q=256, groups=2), config=config), x, x, s)
+    jax.eval_shape(
+        lambda x, y, s: ragged_tgmm(
+            x, y, s, problem=TgmmProblem(m=256, p=256, q=256, groups=2), config=config
+        ),
+        x,
+        x,
+        s,
+    )
 
 
 def test_empty_arrays_take_the_xla_path():
@@ -206,23 +263,38 @@ def test_default_config_fits():
     default_ragged_config(p).validate(p)
 
 
-@pytest.mark.parametrize("kwargs,error,name", [
-    (dict(lhs=jnp.ones((2, 8, 8), jnp.bfloat16)), ValueError, "lhs must be 2-D"),
-    (dict(rhs=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "rhs must be 3-D"),
-    (dict(group_sizes=jnp.array([4, 4, 0], jnp.int32)), ValueError, "group_sizes must have shape"),
-    (dict(group_sizes=jnp.ones((2, 1), jnp.int32)), ValueError, "group_sizes must have shape"),
-    (dict(group_sizes=jnp.array([4.0, 4.0])), TypeError, "group_sizes must be an integer"),
-    (dict(rhs=jnp.ones((2, 9, 8), jnp.bfloat16)), ValueError, "contracting dims"),
-    (dict(rhs=jnp.ones((2, 8, 9), jnp.bfloat16), transpose_rhs=True), ValueError, "contracting dims"),
-    (dict(rhs=jnp.ones((2, 8, 8), jnp.float16)), TypeError, "lhs and rhs"),
-    (dict(lhs=jnp.ones((8, 8)), rhs=jnp.ones((2, 8, 8))), TypeError, "lhs must be one of"),
-    (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
-    (dict(implementation="triton"), ValueError, "implementation"),
-    (dict(config=dict(tile_m=128)), TypeError, "config"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,name",
+    [
+        (dict(lhs=jnp.ones((2, 8, 8), jnp.bfloat16)), ValueError, "lhs must be 2-D"),
+        (dict(rhs=jnp.ones((8, 8), jnp.bfloat16)), ValueError, "rhs must be 3-D"),
+        (
+            dict(group_sizes=jnp.array([4, 4, 0], jnp.int32)),
+            ValueError,
+            "group_sizes must have shape",
+        ),
+        (dict(group_sizes=jnp.ones((2, 1), jnp.int32)), ValueError, "group_sizes must have shape"),
+        (dict(group_sizes=jnp.array([4.0, 4.0])), TypeError, "group_sizes must be an integer"),
+        (dict(rhs=jnp.ones((2, 9, 8), jnp.bfloat16)), ValueError, "contracting dims"),
+        (
+            dict(rhs=jnp.ones((2, 8, 9), jnp.bfloat16), transpose_rhs=True),
+            ValueError,
+            "contracting dims",
+        ),
+        (dict(rhs=jnp.ones((2, 8, 8), jnp.float16)), TypeError, "lhs and rhs"),
+        (dict(lhs=jnp.ones((8, 8)), rhs=jnp.ones((2, 8, 8))), TypeError, "lhs must be one of"),
+        (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
+        (dict(implementation="triton"), ValueError, "implementation"),
+        (dict(config=dict(tile_m=128)), TypeError, "config"),
+    ],
+)
 def test_bad_arguments(kwargs, error, name):
-  args = dict(lhs=jnp.ones((8, 8), jnp.bfloat16), rhs=jnp.ones((2, 8, 8), jnp.bfloat16),
-              group_sizes=jnp.array([4, 4], jnp.int32), implementation="pallas")
+  args = dict(
+      lhs=jnp.ones((8, 8), jnp.bfloat16),
+      rhs=jnp.ones((2, 8, 8), jnp.bfloat16),
+      group_sizes=jnp.array([4, 4], jnp.int32),
+      implementation="pallas",
+  )
   args.update(kwargs)
   with pytest.raises(error, match=name):
     ragged_dot(args.pop("lhs"), args.pop("rhs"), args.pop("group_sizes"), **args)
@@ -246,8 +318,14 @@ def test_interpret_one_group_takes_all_rows():
   m, k, n = 160, 64, 64
   sizes = jnp.asarray([0, 3, 0, 157, 0], jnp.int32)
   lhs, rhs = _random(rng, (m, k)), _random(rng, (5, k, n))
-  out = ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32, implementation="interpret",
-                   config=RaggedConfig(tile_n=64, epilogue_tile=(64, 64), stages=2))
+  out = ragged_dot(
+      lhs,
+      rhs,
+      sizes,
+      preferred_element_type=jnp.float32,
+      implementation="interpret",
+      config=RaggedConfig(tile_n=64, epilogue_tile=(64, 64), stages=2),
+  )
   assert out.dtype == jnp.float32
   _check(out, _reference(lhs, rhs, sizes, False))
 
@@ -258,8 +336,14 @@ def test_interpret_transposed_rhs():
   m, k, n = 300, 128, 136
   sizes = _random_sizes(rng, 6, m)
   lhs, rhs = _random(rng, (m, k)), _random(rng, (6, n, k))
-  out = ragged_dot(lhs, rhs, sizes, transpose_rhs=True, implementation="interpret",
-                   config=RaggedConfig(tile_n=128, raster="along_m", group=2))
+  out = ragged_dot(
+      lhs,
+      rhs,
+      sizes,
+      transpose_rhs=True,
+      implementation="interpret",
+      config=RaggedConfig(tile_n=128, raster="along_m", group=2),
+  )
   _check(out, _reference(lhs, rhs, sizes, True))
 
 
@@ -282,11 +366,23 @@ def test_interpret_gradient_matches_lax(transpose_rhs):
   def loss(fn):
     return lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * weights)
 
-  ours = jax.grad(loss(lambda a, b: ragged_dot(
-      a, b, sizes, transpose_rhs=transpose_rhs, implementation="interpret",
-      config=RaggedConfig(tile_n=128))), (0, 1))(lhs, rhs)
-  want = jax.grad(loss(lambda a, b: lax.ragged_dot(
-      a.astype(jnp.float32), as_kn(b).astype(jnp.float32), sizes)), (0, 1))(lhs, rhs)
+  ours = jax.grad(
+      loss(
+          lambda a, b: ragged_dot(
+              a,
+              b,
+              sizes,
+              transpose_rhs=transpose_rhs,
+              implementation="interpret",
+              config=RaggedConfig(tile_n=128),
+          )
+      ),
+      (0, 1),
+  )(lhs, rhs)
+  want = jax.grad(
+      loss(lambda a, b: lax.ragged_dot(a.astype(jnp.float32), as_kn(b).astype(jnp.float32), sizes)),
+      (0, 1),
+  )(lhs, rhs)
   for got, ref in zip(ours, want):
     assert got.dtype == jnp.bfloat16 and got.shape == ref.shape
     got = np.asarray(got.astype(jnp.float32), np.float64).reshape(-1, got.shape[-1])
@@ -304,10 +400,13 @@ def test_interpret_tgmm_boundaries():
   x, y = _random(rng, (m, p)), _random(rng, (m, q))
   out = _run_tgmm(x, y, sizes, "bfloat16", interpret=True)
   dims = lax.RaggedDotDimensionNumbers(
-      dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
-      rhs_group_dimensions=[])
-  ref = lax.ragged_dot_general(x.astype(jnp.float32), y.astype(jnp.float32), sizes, dims,
-                               precision=lax.Precision.HIGHEST)
+      dot_dimension_numbers=(([0], [0]), ([], [])),
+      lhs_ragged_dimensions=[0],
+      rhs_group_dimensions=[],
+  )
+  ref = lax.ragged_dot_general(
+      x.astype(jnp.float32), y.astype(jnp.float32), sizes, dims, precision=lax.Precision.HIGHEST
+  )
   assert out.shape == (6, p, q)
   _check(np.asarray(out.astype(jnp.float32)).reshape(-1, q), np.asarray(ref).reshape(-1, q))
 
@@ -322,13 +421,24 @@ def test_interpret_no_races():
   sizes = jnp.asarray([60, 0, 100, 50], jnp.int32)
   lhs, rhs = _random(rng, (m, k)), _random(rng, (4, n, k))
   params = _compat.interpret_params(zero_fill=False, detect_races=True)
-  out = ragged_gemm(lhs, rhs, sizes, interpret=params,
-                    problem=RaggedProblem(m=m, n=n, k=k, groups=4, transpose_rhs=True),
-                    config=RaggedConfig(tile_n=128, num_sms=2, stages=2))
+  out = ragged_gemm(
+      lhs,
+      rhs,
+      sizes,
+      interpret=params,
+      problem=RaggedProblem(m=m, n=n, k=k, groups=4, transpose_rhs=True),
+      config=RaggedConfig(tile_n=128, num_sms=2, stages=2),
+  )
   _check(out, _reference(lhs, rhs, sizes, True))
   x, y = _random(rng, (m, 128)), _random(rng, (m, 256))
-  ragged_tgmm(x, y, sizes, problem=TgmmProblem(m=m, p=128, q=256, groups=4),
-              config=TgmmConfig(num_sms=2, stages=2), interpret=params).block_until_ready()
+  ragged_tgmm(
+      x,
+      y,
+      sizes,
+      problem=TgmmProblem(m=m, p=128, q=256, groups=4),
+      config=TgmmConfig(num_sms=2, stages=2),
+      interpret=params,
+  ).block_until_ready()
   assert not interpret_pallas_call.get_races().races_found
 
 
@@ -340,12 +450,20 @@ def test_xla_path_matches_lax(transpose_rhs):
   sizes = _random_sizes(rng, 5, m, total=70)
   lhs = _random(rng, (m, k))
   rhs = _random(rng, (5, n, k) if transpose_rhs else (5, k, n))
-  out = ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs, implementation="xla",
-                   preferred_element_type=jnp.float32)
+  out = ragged_dot(
+      lhs,
+      rhs,
+      sizes,
+      transpose_rhs=transpose_rhs,
+      implementation="xla",
+      preferred_element_type=jnp.float32,
+  )
   _check(out, _reference(lhs, rhs, sizes, transpose_rhs))
   # No GPU here: implementation=None takes the XLA path too.
-  assert jnp.array_equal(out, ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs,
-                                         preferred_element_type=jnp.float32))
+  assert jnp.array_equal(
+      out,
+      ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32),
+  )
 
 
 def test_xla_path_accepts_f32_and_other_int_sizes():

@@ -11,26 +11,32 @@ from pallas_gemm import _compat, compile_once, route
 from pallas_gemm.config import GemmProblem
 
 
-@pytest.mark.parametrize("problem, why", [
-    (GemmProblem(m=4096, n=4096, k=8), "K=8 < 64"),                     # issue 16: 0.65-0.76x
-    (GemmProblem(m=256, n=256, k=256), "at the roofline"),              # 0.76-0.85x
-    (GemmProblem(m=1024, n=1024, k=1024), "at the roofline"),
-    (GemmProblem(m=65536, n=64, k=72), "padding copy"),                 # 0.21x
-])
+@pytest.mark.parametrize(
+    "problem, why",
+    [
+        (GemmProblem(m=4096, n=4096, k=8), "K=8 < 64"),  # issue 16: 0.65-0.76x
+        (GemmProblem(m=256, n=256, k=256), "at the roofline"),  # 0.76-0.85x
+        (GemmProblem(m=1024, n=1024, k=1024), "at the roofline"),
+        (GemmProblem(m=65536, n=64, k=72), "padding copy"),  # 0.21x
+    ],
+)
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
   implementation, reason = route.choose(problem)
   assert implementation == "xla" and why in reason
 
 
-@pytest.mark.parametrize("problem", [
-    GemmProblem(m=16384, n=8192, k=2048),                   # training projections
-    GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
-    GemmProblem(m=1, n=4096, k=4096),                       # decode: 10 us of HBM
-    GemmProblem(m=1000, n=1016, k=4000),                    # odd extents: B copied
-    GemmProblem(m=4096, n=4096, k=7001),                    # odd K: A copied (1.5-2.4x)
-    GemmProblem(m=2048, n=128, k=2048, batch=32),           # batched
-    GemmProblem(m=4096, n=4096, k=8, dtype="float8_e4m3fn", out_dtype="bfloat16"),  # fp8 kept
-])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        GemmProblem(m=16384, n=8192, k=2048),  # training projections
+        GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
+        GemmProblem(m=1, n=4096, k=4096),  # decode: 10 us of HBM
+        GemmProblem(m=1000, n=1016, k=4000),  # odd extents: B copied
+        GemmProblem(m=4096, n=4096, k=7001),  # odd K: A copied (1.5-2.4x)
+        GemmProblem(m=2048, n=128, k=2048, batch=32),  # batched
+        GemmProblem(m=4096, n=4096, k=8, dtype="float8_e4m3fn", out_dtype="bfloat16"),  # fp8 kept
+    ],
+)
 def test_the_kernel_keeps_what_it_wins_or_what_only_it_does(problem):
   assert route.choose(problem) == ("pallas", "the kernel")
 
@@ -56,8 +62,8 @@ def pretend_gpu(monkeypatch):
 def test_the_default_routes_each_gemm_of_a_training_step(pretend_gpu):
   loss = lambda a, b: jnp.square(pallas_gemm.matmul(a, b).astype(jnp.float32)).sum()
   step = jax.grad(loss, argnums=(0, 1))
-  assert _kernels(step, (2048, 2048), (2048, 2048)) == 3   # forward, dA, dB on the kernel
-  assert _kernels(step, (256, 256), (256, 256)) == 0       # all three under 3 us: XLA
+  assert _kernels(step, (2048, 2048), (2048, 2048)) == 3  # forward, dA, dB on the kernel
+  assert _kernels(step, (256, 256), (256, 256)) == 0  # all three under 3 us: XLA
   assert _kernels(lambda a, b: pallas_gemm.matmul(a, b), (4096, 8), (8, 4096)) == 0
 
 

@@ -67,36 +67,91 @@ def _inputs(seed, a_scale_shape=(), b_scale_shape=(), b_dtype=E4M3):
 
 
 # -- lowering for CUDA (export) ----------------------------------------------------------
-def _export(*, m=1000, n=1016, k=1024, a_dtype=E4M3, b_dtype=E4M3, lead=(), a_scale=(),
-            b_scale=(), bias=False, out_scale=False, transpose_b=True, **kw):
+def _export(
+    *,
+    m=1000,
+    n=1016,
+    k=1024,
+    a_dtype=E4M3,
+    b_dtype=E4M3,
+    lead=(),
+    a_scale=(),
+    b_scale=(),
+    bias=False,
+    out_scale=False,
+    transpose_b=True,
+    **kw,
+):
   b_shape = (n, k) if transpose_b else (k, n)
-  args = (jax.ShapeDtypeStruct((*lead, m, k), a_dtype), jax.ShapeDtypeStruct(b_shape, b_dtype),
-          jax.ShapeDtypeStruct(a_scale, jnp.float32), jax.ShapeDtypeStruct(b_scale, jnp.float32),
-          jax.ShapeDtypeStruct((n,), jnp.float32) if bias else None,
-          jax.ShapeDtypeStruct((), jnp.float32) if out_scale else None)
-  fn = jax.jit(lambda a, b, sa, sb, bias, so: scaled_matmul(
-      a, b, sa, sb, bias=bias, out_scale=so, transpose_b=transpose_b,
-      implementation="pallas", **kw))
+  args = (
+      jax.ShapeDtypeStruct((*lead, m, k), a_dtype),
+      jax.ShapeDtypeStruct(b_shape, b_dtype),
+      jax.ShapeDtypeStruct(a_scale, jnp.float32),
+      jax.ShapeDtypeStruct(b_scale, jnp.float32),
+      jax.ShapeDtypeStruct((n,), jnp.float32) if bias else None,
+      jax.ShapeDtypeStruct((), jnp.float32) if out_scale else None,
+  )
+  fn = jax.jit(
+      lambda a, b, sa, sb, bias, so: scaled_matmul(
+          a,
+          b,
+          sa,
+          sb,
+          bias=bias,
+          out_scale=so,
+          transpose_b=transpose_b,
+          implementation="pallas",
+          **kw,
+      )
+  )
   exported = jax.export.export(fn, platforms=["cuda"])(*args)
   assert "mosaic_gpu" in exported.mlir_module()
   return exported
 
 
-@pytest.mark.parametrize("case", [
-    dict(out_dtype="bfloat16"),
-    dict(out_dtype="bfloat16", bias=True, activation="gelu_tanh", return_amax=True),
-    dict(out_dtype=E4M3, out_scale=True, return_amax=True, a_scale=(1000,), b_scale=(1016,)),
-    dict(out_dtype="float32", b_scale=(1016,), lead=(2, 3), m=100, return_amax=True),
-    dict(out_dtype="bfloat16", transpose_b=False, a_scale=(1000,), bias=True),
-    dict(out_dtype=E5M2, a_dtype=E5M2, b_dtype=E5M2, out_scale=True, return_amax=True),
-    dict(out_dtype="bfloat16", return_amax=True, activation="relu",
-         config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4, tile_k=128)),
-    dict(out_dtype="bfloat16", return_amax=True, b_scale=(1016,),
-         config=GemmConfig(wg_split="n", cluster=(1, 2), tile_k=128, stages=3)),
-    dict(out_dtype="bfloat16", m=8192, n=8192, k=8192, bias=True, activation="gelu_tanh",
-         return_amax=True),
-], ids=["per-tensor", "bias-gelu-amax", "e4m3-out-rowcol-amax", "batched-f32-col-amax",
-        "b-KN-row-bias", "e5m2", "pingpong-amax", "split-n-cluster12-col-amax", "8192-fused"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(out_dtype="bfloat16"),
+        dict(out_dtype="bfloat16", bias=True, activation="gelu_tanh", return_amax=True),
+        dict(out_dtype=E4M3, out_scale=True, return_amax=True, a_scale=(1000,), b_scale=(1016,)),
+        dict(out_dtype="float32", b_scale=(1016,), lead=(2, 3), m=100, return_amax=True),
+        dict(out_dtype="bfloat16", transpose_b=False, a_scale=(1000,), bias=True),
+        dict(out_dtype=E5M2, a_dtype=E5M2, b_dtype=E5M2, out_scale=True, return_amax=True),
+        dict(
+            out_dtype="bfloat16",
+            return_amax=True,
+            activation="relu",
+            config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4, tile_k=128),
+        ),
+        dict(
+            out_dtype="bfloat16",
+            return_amax=True,
+            b_scale=(1016,),
+            config=GemmConfig(wg_split="n", cluster=(1, 2), tile_k=128, stages=3),
+        ),
+        dict(
+            out_dtype="bfloat16",
+            m=8192,
+            n=8192,
+            k=8192,
+            bias=True,
+            activation="gelu_tanh",
+            return_amax=True,
+        ),
+    ],
+    ids=[
+        "per-tensor",
+        "bias-gelu-amax",
+        "e4m3-out-rowcol-amax",
+        "batched-f32-col-amax",
+        "b-KN-row-bias",
+        "e5m2",
+        "pingpong-amax",
+        "split-n-cluster12-col-amax",
+        "8192-fused",
+    ],
+)
 def test_lowers_for_cuda(case):
   exported = _export(**case)
   out_shape = exported.out_avals[0].shape
@@ -116,18 +171,25 @@ def test_mixed_fp8_lowers_or_is_rejected():
 def test_config_that_does_not_fit_is_rejected_before_mosaic():
   # 4 stages of 128x256x128 fp8 + bf16 epilogue tiles + bias + amax buffers > 227 KiB.
   with pytest.raises(ValueError, match=r"^GemmConfig\.stages=4: needs"):
-    _export(out_dtype="bfloat16", bias=True, return_amax=True,
-            config=GemmConfig(tile_k=128, stages=4, cluster=(2, 1)))
+    _export(
+        out_dtype="bfloat16",
+        bias=True,
+        return_amax=True,
+        config=GemmConfig(tile_k=128, stages=4, cluster=(2, 1)),
+    )
 
 
 def test_cached_config_that_does_not_fit_is_not_used():
   """The tuning cache's key omits amax/scales; a cached config without room for them is dropped."""
   from pallas_gemm.gemm import usable_config
 
-  problem = GemmProblem(m=8192, n=8192, k=8192, dtype=E4M3, transpose_b=True, has_bias=True,
-                        amax=True)
+  problem = GemmProblem(
+      m=8192, n=8192, k=8192, dtype=E4M3, transpose_b=True, has_bias=True, amax=True
+  )
   assert usable_config(GemmConfig(tile_k=128, stages=4), problem) is None
-  assert usable_config(GemmConfig(tile_k=128, stages=3), problem) == GemmConfig(tile_k=128, stages=3)
+  assert usable_config(GemmConfig(tile_k=128, stages=3), problem) == GemmConfig(
+      tile_k=128, stages=3
+  )
   assert usable_config(None, problem) is None
 
 
@@ -144,8 +206,10 @@ def _f(*, implementation, **kw):
 
   def f(a, b, a_scale, b_scale, bias, out_scale):
     traces.append(1)
-    return scaled_matmul(a, b, a_scale, b_scale, bias=bias, out_scale=out_scale,
-                         implementation=implementation, **kw)
+    return scaled_matmul(
+        a, b, a_scale, b_scale, bias=bias, out_scale=out_scale, implementation=implementation, **kw
+    )
+
   return jax.jit(f), traces
 
 
@@ -157,8 +221,9 @@ def test_new_scale_values_reuse_the_compilation():
   flag when the interpreter first imports it, which would retrace once by itself.)
   """
   a, b, a_scale, b_scale, bias = _inputs(0)
-  f, traces = _f(implementation="interpret", out_dtype="bfloat16", activation="gelu_tanh",
-                 return_amax=True)
+  f, traces = _f(
+      implementation="interpret", out_dtype="bfloat16", activation="gelu_tanh", return_amax=True
+  )
   for scale in (a_scale, a_scale * 4):
     y, amax = f(a, b, scale, b_scale, bias, None)
     ref, ref_amax = _reference(a, b, scale, b_scale, bias=bias, activation="gelu_tanh")
@@ -192,9 +257,22 @@ def test_scaled_epilogue_on_bf16_operands():
   bias = _random(rng, (N,), jnp.float32) - 8.0
   problem, batch = gemm_problem(a, b, False, False, bias, None, 0.0, "float32")
   spec = epilogue_spec(problem, "sigmoid", 1.0, 0.0, None, None)
-  y, amax = kernel_gemm(a, b, problem, batch, spec, bias, None, None, interpret=True,
-                           autotune=None, scalars=jnp.array([0.05, 1.0], jnp.float32),
-                           row_scale=row, col_scale=col, amax=True)
+  y, amax = kernel_gemm(
+      a,
+      b,
+      problem,
+      batch,
+      spec,
+      bias,
+      None,
+      None,
+      interpret=True,
+      autotune=None,
+      scalars=jnp.array([0.05, 1.0], jnp.float32),
+      row_scale=row,
+      col_scale=col,
+      amax=True,
+  )
   ref, _ = _reference(a, b, row * 0.05, col, bias=bias, transpose_b=False)
   ref = 1 / (1 + np.exp(-ref))
   assert ref.max() < 0.4
@@ -203,16 +281,21 @@ def test_scaled_epilogue_on_bf16_operands():
 
 
 # -- the XLA implementation (the same epilogue functions) ----------------------------------
-@pytest.mark.parametrize("a_shape,b_shape", [((), ()), ((M,), ()), ((), (N,)), ((1,), (M,))],
-                         ids=["tensor", "row", "col", "tensor1-row"])
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((), ()), ((M,), ()), ((), (N,)), ((1,), (M,))],
+    ids=["tensor", "row", "col", "tensor1-row"],
+)
 def test_xla_scales(a_shape, b_shape):
   if b_shape == (M,):
     b_shape = (N,)
   a, b, a_scale, b_scale, bias = _inputs(3, a_shape, b_shape)
-  y, amax = scaled_matmul(a, b, a_scale, b_scale, bias=bias, out_dtype="float32",
-                          return_amax=True, implementation="xla")
-  ref, ref_amax = _reference(a, b, a_scale.reshape(a_shape if a_shape != (1,) else ()),
-                             b_scale, bias=bias)
+  y, amax = scaled_matmul(
+      a, b, a_scale, b_scale, bias=bias, out_dtype="float32", return_amax=True, implementation="xla"
+  )
+  ref, ref_amax = _reference(
+      a, b, a_scale.reshape(a_shape if a_shape != (1,) else ()), b_scale, bias=bias
+  )
   assert _rel_err(y, ref) <= 1e-5
   assert abs(float(amax) - ref_amax) <= 1e-5 * ref_amax
 
@@ -220,8 +303,15 @@ def test_xla_scales(a_shape, b_shape):
 def test_xla_batched_a_and_kn_b():
   rng = np.random.default_rng(4)
   a, b = _random(rng, (2, 3, 40, K), E4M3), _random(rng, (K, N), E4M3)
-  y = scaled_matmul(a, b, jnp.float32(2.0), jnp.float32(0.5), out_dtype="float32",
-                    transpose_b=False, implementation="xla")
+  y = scaled_matmul(
+      a,
+      b,
+      jnp.float32(2.0),
+      jnp.float32(0.5),
+      out_dtype="float32",
+      transpose_b=False,
+      implementation="xla",
+  )
   ref = np.asarray(a.astype(jnp.float32), np.float64) @ np.asarray(b.astype(jnp.float32))
   assert _rel_err(y, ref) <= 1e-5
 
@@ -230,34 +320,45 @@ def test_xla_batched_a_and_kn_b():
 _A, _B = jnp.ones((8, 32), E4M3), jnp.ones((16, 32), E4M3)
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(a=jnp.ones((8, 32), jnp.bfloat16)), TypeError, "^a must be one of"),
-    (dict(b=jnp.ones((2, 16, 32), E4M3)), ValueError, "^b must be 2-D"),
-    (dict(a_scale=jnp.ones((3,))), ValueError, r"^a_scale must have shape .*\(M,\) = \(8,\)"),
-    (dict(b_scale=jnp.ones((8,))), ValueError, r"^b_scale must have shape .*\(N,\) = \(16,\)"),
-    (dict(a_scale="2"), TypeError, "^a_scale must be a real"),
-    (dict(b_scale=jnp.array(True)), TypeError, "^b_scale must be a real"),
-    (dict(out_scale=jnp.float32(2)), ValueError, "^out_scale applies to fp8 outputs only"),
-    (dict(out_scale=jnp.ones((16,)), out_dtype=E4M3), ValueError, "^out_scale must have shape"),
-    (dict(out_dtype=None), TypeError, "^out_dtype must be a dtype"),
-    (dict(out_dtype=jnp.int8), TypeError, "^out_dtype must be one of"),
-    (dict(bias=jnp.ones((8,))), ValueError, r"^bias must have shape \(N,\)"),
-    (dict(activation="tanh"), ValueError, "^activation must be None, one of"),
-    (dict(return_amax=1), TypeError, "^return_amax must be a bool"),
-    (dict(implementation="cuda"), ValueError, "^implementation must be one of"),
-    (dict(config={"stages": 3}), TypeError, "^config must be a GemmConfig"),
-    (dict(b=jnp.ones((16, 24), E4M3)), ValueError, "^contracting dims differ"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(a=jnp.ones((8, 32), jnp.bfloat16)), TypeError, "^a must be one of"),
+        (dict(b=jnp.ones((2, 16, 32), E4M3)), ValueError, "^b must be 2-D"),
+        (dict(a_scale=jnp.ones((3,))), ValueError, r"^a_scale must have shape .*\(M,\) = \(8,\)"),
+        (dict(b_scale=jnp.ones((8,))), ValueError, r"^b_scale must have shape .*\(N,\) = \(16,\)"),
+        (dict(a_scale="2"), TypeError, "^a_scale must be a real"),
+        (dict(b_scale=jnp.array(True)), TypeError, "^b_scale must be a real"),
+        (dict(out_scale=jnp.float32(2)), ValueError, "^out_scale applies to fp8 outputs only"),
+        (dict(out_scale=jnp.ones((16,)), out_dtype=E4M3), ValueError, "^out_scale must have shape"),
+        (dict(out_dtype=None), TypeError, "^out_dtype must be a dtype"),
+        (dict(out_dtype=jnp.int8), TypeError, "^out_dtype must be one of"),
+        (dict(bias=jnp.ones((8,))), ValueError, r"^bias must have shape \(N,\)"),
+        (dict(activation="tanh"), ValueError, "^activation must be None, one of"),
+        (dict(return_amax=1), TypeError, "^return_amax must be a bool"),
+        (dict(implementation="cuda"), ValueError, "^implementation must be one of"),
+        (dict(config={"stages": 3}), TypeError, "^config must be a GemmConfig"),
+        (dict(b=jnp.ones((16, 24), E4M3)), ValueError, "^contracting dims differ"),
+    ],
+)
 def test_bad_arguments(kwargs, error, match):
-  args = dict(a=_A, b=_B, a_scale=jnp.float32(1), b_scale=jnp.float32(1), out_dtype="bfloat16",
-              implementation="xla")
+  args = dict(
+      a=_A,
+      b=_B,
+      a_scale=jnp.float32(1),
+      b_scale=jnp.float32(1),
+      out_dtype="bfloat16",
+      implementation="xla",
+  )
   args.update(kwargs)
   with pytest.raises(error, match=match):
     scaled_matmul(args.pop("a"), args.pop("b"), args.pop("a_scale"), args.pop("b_scale"), **args)
 
 
-@pytest.mark.skipif(_compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-                    reason="only interpreters without transposed operands reject fp8")
+@pytest.mark.skipif(
+    _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+    reason="only interpreters without transposed operands reject fp8",
+)
 def test_old_interpreter_rejects_fp8_instead_of_hanging():
   with pytest.raises(NotImplementedError, match="cannot run fp8"):
     scaled_matmul(_A, _B, 1.0, 1.0, out_dtype="bfloat16", implementation="interpret")
@@ -280,8 +381,11 @@ def test_fp8_linear_trains_and_updates_its_scaling_state():
   shapes = lambda state: jax.tree.map(jnp.shape, nnx.to_pure_dict(state))
   assert shapes(nnx.state(model, nnx.Param)) == shapes(nnx.state(reference, nnx.Param))
   assert shapes(nnx.state(model, Fp8Meta)) == {
-      "input_amax_history": (4,), "kernel_amax_history": (4,), "input_scale": (),
-      "kernel_scale": ()}
+      "input_amax_history": (4,),
+      "kernel_amax_history": (4,),
+      "input_scale": (),
+      "kernel_scale": (),
+  }
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
   traces = []
 
@@ -289,7 +393,8 @@ def test_fp8_linear_trains_and_updates_its_scaling_state():
   def step(model, optimizer, x, y):
     traces.append(1)
     loss, grads = nnx.value_and_grad(
-        lambda model: jnp.mean((model(x).astype(jnp.float32) - y) ** 2))(model)
+        lambda model: jnp.mean((model(x).astype(jnp.float32) - y) ** 2)
+    )(model)
     optimizer.update(model, grads)
     return loss
 
@@ -348,6 +453,7 @@ def test_fp8_linear_rejects_an_unknown_backward():
 # -- on a Hopper GPU (skipped elsewhere) ---------------------------------------------------
 def _device_checks():
   from benchmarks import scaled_matmul as bench
+
   return bench.checks()
 
 
@@ -355,6 +461,7 @@ def _device_checks():
 @pytest.mark.parametrize("check", _device_checks(), ids=lambda c: c.name)
 def test_device_matrix(check):
   from benchmarks import scaled_matmul as bench
+
   if check.a_dtype != check.b_dtype and not _compat.SUPPORTS_MIXED_FP8:
     pytest.skip("mixed fp8 needs jax >= 0.11")
   result = bench.run_check(check, seed=hash(check.name) % 2**31)
@@ -371,10 +478,42 @@ def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
   spec = importlib.util.spec_from_file_location("train_fp8", examples / "train_fp8.py")
   example = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(example)
-  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
-                       "--implementation", "xla", "--log-every", "20"]) == 0
-  assert example.main(["--steps", "40", "--batch", "64", "--sizes", "32,64,16",
-                       "--implementation", "xla", "--log-every", "20", "--backward", "e5m2"]) == 0
+  assert (
+      example.main(
+          [
+              "--steps",
+              "40",
+              "--batch",
+              "64",
+              "--sizes",
+              "32,64,16",
+              "--implementation",
+              "xla",
+              "--log-every",
+              "20",
+          ]
+      )
+      == 0
+  )
+  assert (
+      example.main(
+          [
+              "--steps",
+              "40",
+              "--batch",
+              "64",
+              "--sizes",
+              "32,64,16",
+              "--implementation",
+              "xla",
+              "--log-every",
+              "20",
+              "--backward",
+              "e5m2",
+          ]
+      )
+      == 0
+  )
   assert "PASS" in capsys.readouterr().out
 
 
@@ -387,10 +526,23 @@ def test_amax_propagates_nan_as_xla_on_a_gpu_does(implementation):
   a = jax.random.normal(k1, (200, 128), jnp.float32).at[5, 7].set(jnp.nan)
   b = jax.random.normal(k2, (136, 128), jnp.float32)
   one = jnp.float32(1)
-  y, amax = scaled_matmul(a.astype(E4M3), b.astype(E4M3), one, one, out_dtype=jnp.bfloat16,
-                          return_amax=True, implementation=implementation)
+  y, amax = scaled_matmul(
+      a.astype(E4M3),
+      b.astype(E4M3),
+      one,
+      one,
+      out_dtype=jnp.bfloat16,
+      return_amax=True,
+      implementation=implementation,
+  )
   assert np.isnan(np.asarray(y, np.float32)[5]).all() and np.isnan(float(amax))
-  _, finite = scaled_matmul(a.at[5, 7].set(0.0).astype(E4M3), b.astype(E4M3), one, one,
-                            out_dtype=jnp.bfloat16, return_amax=True,
-                            implementation=implementation)
+  _, finite = scaled_matmul(
+      a.at[5, 7].set(0.0).astype(E4M3),
+      b.astype(E4M3),
+      one,
+      one,
+      out_dtype=jnp.bfloat16,
+      return_amax=True,
+      implementation=implementation,
+  )
   assert np.isfinite(float(finite)) and float(finite) > 0

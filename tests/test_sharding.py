@@ -26,21 +26,41 @@ from pallas_gemm.dot import make_dot_general
 DEVICES = 4
 HAS_DEVICES = jax.device_count() >= DEVICES
 needs_devices = pytest.mark.skipif(
-    not HAS_DEVICES, reason=f"needs {DEVICES} devices: run by test_on_four_fake_cpu_devices")
+    not HAS_DEVICES, reason=f"needs {DEVICES} devices: run by test_on_four_fake_cpu_devices"
+)
 
 
 def test_on_four_fake_cpu_devices():
   if HAS_DEVICES:
     pytest.skip("this process has the devices: the tests ran in it")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
-                       f"--xla_force_host_platform_device_count={DEVICES}",
-             PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+      f"--xla_force_host_platform_device_count={DEVICES}",
+      PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+  )
   child = subprocess.run(
-      [sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q", "-p", "no:cacheprovider",
-       "-o", "addopts=", "-k", "not test_on_four_fake_cpu_devices"],
-      cwd=root, env=env, capture_output=True, text=True, timeout=600)
+      [
+          sys.executable,
+          "-m",
+          "pytest",
+          os.path.abspath(__file__),
+          "-q",
+          "-p",
+          "no:cacheprovider",
+          "-o",
+          "addopts=",
+          "-k",
+          "not test_on_four_fake_cpu_devices",
+      ],
+      cwd=root,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
   assert " passed" in child.stdout, child.stdout[-2000:]
 
@@ -95,8 +115,11 @@ def test_layer_on_explicit_mesh_matches_unsharded(name):
 def test_eager_call_on_sharded_arrays():
   mesh = _mesh()
   x, w = _normal((16, 64)), _normal((64, 32), seed=1)
-  y = matmul(jax.device_put(x, NamedSharding(mesh, P("data", "model"))),
-             jax.device_put(w, NamedSharding(mesh, P("model", None))), implementation="xla")
+  y = matmul(
+      jax.device_put(x, NamedSharding(mesh, P("data", "model"))),
+      jax.device_put(w, NamedSharding(mesh, P("model", None))),
+      implementation="xla",
+  )
   assert _rel_err(y, matmul(x, w, implementation="xla")) < 1e-2
 
 
@@ -109,10 +132,12 @@ def test_batched_dot_general_with_sharded_batch_and_heads():
   loss = lambda q, k: jnp.sum(dot(q, k, dn, preferred_element_type=jnp.float32) ** 2)
   spec = NamedSharding(mesh, P("data", "model"))
   value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(
-      jax.device_put(q, spec), jax.device_put(k, spec))
+      jax.device_put(q, spec), jax.device_put(k, spec)
+  )
   ref_value, ref_grads = jax.value_and_grad(
       lambda q, k: jnp.sum(jax.lax.dot_general(q, k, dn, preferred_element_type=jnp.float32) ** 2),
-      (0, 1))(q, k)
+      (0, 1),
+  )(q, k)
   assert _rel_err(value, ref_value) < 1e-5
   for g, r in zip(grads, ref_grads):
     assert g.sharding.is_equivalent_to(spec, g.ndim) and _rel_err(g, r) < 1e-2
@@ -125,7 +150,8 @@ def test_out_sharding_is_honoured():
   with jax.set_mesh(mesh):
     x = jax.device_put(_normal((16, 64)), P("data", None))
     y = jax.jit(lambda x, w: dot(x, w, (((1,), (0,)), ((), ())), out_sharding=P(None, "model")))(
-        x, _normal((64, 32), seed=1))
+        x, _normal((64, 32), seed=1)
+    )
   assert y.sharding.spec == P(None, "model")
 
 
@@ -138,9 +164,9 @@ def test_ragged_dot_out_sharding_is_honoured():
   lhs, rhs = _normal((16, 64)), _normal((2, 64, 32), seed=1)
   ref = jax.lax.ragged_dot(lhs, rhs, sizes)
   with jax.set_mesh(mesh):
-    y = jax.jit(lambda a, b, s: ragged_dot(a, b, s, out_sharding=P(None, "model"),
-                                           implementation="xla"))(
-        lhs, rhs, sizes)
+    y = jax.jit(
+        lambda a, b, s: ragged_dot(a, b, s, out_sharding=P(None, "model"), implementation="xla")
+    )(lhs, rhs, sizes)
   assert y.sharding.spec == P(None, "model")
   assert _rel_err(np.asarray(y, np.float32), np.asarray(ref, np.float32)) < 1e-2
 
@@ -149,12 +175,14 @@ def test_ragged_dot_out_sharding_is_honoured():
 def test_auto_mesh_named_sharding_under_jit():
   mesh = _mesh(AxisType.Auto)
   x, w = _normal((16, 64)), _normal((64, 32), seed=1)
-  loss = lambda x, w: jnp.mean(matmul(x, w, activation="relu", implementation="xla")
-                               .astype(jnp.float32) ** 2)
+  loss = lambda x, w: jnp.mean(
+      matmul(x, w, activation="relu", implementation="xla").astype(jnp.float32) ** 2
+  )
   ref_value, ref_grads = jax.value_and_grad(loss, (0, 1))(x, w)
   value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(
       jax.device_put(x, NamedSharding(mesh, P("data", "model"))),
-      jax.device_put(w, NamedSharding(mesh, P("model", None))))
+      jax.device_put(w, NamedSharding(mesh, P("model", None))),
+  )
   assert _rel_err(value, ref_value) < 1e-5
   for g, r in zip(grads, ref_grads):
     assert _rel_err(g, r) < 1e-2
@@ -166,13 +194,21 @@ def test_nnx_mlp_with_sharded_parameters():
   from pallas_gemm import flax as pflax  # noqa: PLC0415 (needs flax)
 
   class MLP(nnx.Module):
+
     def __init__(self, rngs, sharded):
       names = lambda *n: {"out_sharding": n} if sharded else {}
-      self.up = pflax.Linear(64, 128, activation="gelu_tanh", dtype=jnp.bfloat16,
-                             kernel_metadata=names(None, "model"),
-                             bias_metadata=names("model"), rngs=rngs)
-      self.down = pflax.Linear(128, 32, dtype=jnp.bfloat16, kernel_metadata=names("model", None),
-                               rngs=rngs)
+      self.up = pflax.Linear(
+          64,
+          128,
+          activation="gelu_tanh",
+          dtype=jnp.bfloat16,
+          kernel_metadata=names(None, "model"),
+          bias_metadata=names("model"),
+          rngs=rngs,
+      )
+      self.down = pflax.Linear(
+          128, 32, dtype=jnp.bfloat16, kernel_metadata=names("model", None), rngs=rngs
+      )
 
     def __call__(self, x):
       return self.down(self.up(x))
@@ -187,8 +223,11 @@ def test_nnx_mlp_with_sharded_parameters():
     model = MLP(nnx.Rngs(0), sharded=True)
     value, grads = step(model, jax.device_put(x, P("data", None)))
   assert _rel_err(value, ref_value) < 1e-3
-  for g, r, p in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads),
-                     jax.tree.leaves(nnx.state(model, nnx.Param))):
+  for g, r, p in zip(
+      jax.tree.leaves(grads),
+      jax.tree.leaves(ref_grads),
+      jax.tree.leaves(nnx.state(model, nnx.Param)),
+  ):
     assert g.sharding.spec == p.sharding.spec and _rel_err(g, r) < 1e-2
 
 
@@ -198,8 +237,9 @@ def test_kernel_runs_per_shard_when_lowered_for_cuda():
   spec = lambda *names: NamedSharding(mesh, P(*names))
   x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=spec("data", "model"))
   w = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16, sharding=spec("model", None))
-  loss = lambda x, w: jnp.mean(matmul(x, w, activation="gelu_tanh", implementation="pallas")
-                               .astype(jnp.float32) ** 2)
+  loss = lambda x, w: jnp.mean(
+      matmul(x, w, activation="gelu_tanh", implementation="pallas").astype(jnp.float32) ** 2
+  )
   exported = jax.export.export(jax.jit(jax.value_and_grad(loss, (0, 1))), platforms=["cuda"])(x, w)
   module = exported.mlir_module()
   # forward, dX, dW kernels; psums over K of the forward ('model') and of dW ('data')

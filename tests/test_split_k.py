@@ -15,8 +15,14 @@ import pytest
 
 from benchmarks import sweep
 from benchmarks.matmul import Case
-from pallas_gemm import (GemmConfig, GemmProblem, config as config_lib, matmul, scaled_matmul,
-                         split_k)
+from pallas_gemm import (
+    GemmConfig,
+    GemmProblem,
+    config as config_lib,
+    matmul,
+    scaled_matmul,
+    split_k,
+)
 from pallas_gemm.tuner import candidate_configs
 from pallas_gemm.config import tiles
 from pallas_gemm.heuristics import default_config
@@ -34,20 +40,30 @@ def test_docstring_examples(module):
 
 
 # -- the config -----------------------------------------------------------------
-@pytest.mark.parametrize("split, match", [
-    (0, "GemmConfig.split_k=0: must be an int >= 1"),
-    (True, "GemmConfig.split_k=True: must be an int >= 1"),
-    (2.0, "GemmConfig.split_k=2.0: must be an int >= 1"),
-    (17, "GemmConfig.split_k=17: exceeds the 16 tile_k=64 steps of K=1000"),
-])
+@pytest.mark.parametrize(
+    "split, match",
+    [
+        (0, "GemmConfig.split_k=0: must be an int >= 1"),
+        (True, "GemmConfig.split_k=True: must be an int >= 1"),
+        (2.0, "GemmConfig.split_k=2.0: must be an int >= 1"),
+        (17, "GemmConfig.split_k=17: exceeds the 16 tile_k=64 steps of K=1000"),
+    ],
+)
 def test_bad_split_counts_name_the_field(split, match):
   with pytest.raises(ValueError, match=re.escape(match)):
     dataclasses.replace(DECODE_CFG, split_k=split).validate(GemmProblem(m=40, n=136, k=1000))
 
 
-@pytest.mark.parametrize("k, split, expected", [
-    (1000, 3, (3, 6)), (576, 4, (3, 3)), (64, 1, (1, 1)), (8192, 128, (128, 1)), (8192, 5, (5, 26)),
-])
+@pytest.mark.parametrize(
+    "k, split, expected",
+    [
+        (1000, 3, (3, 6)),
+        (576, 4, (3, 3)),
+        (64, 1, (1, 1)),
+        (8192, 128, (128, 1)),
+        (8192, 5, (5, 26)),
+    ],
+)
 def test_k_slices_cover_k_and_none_is_empty(k, split, expected):
   cfg = dataclasses.replace(DECODE_CFG, split_k=split)
   splits, k_iters = cfg.k_splits(GemmProblem(m=8, n=8, k=k))
@@ -57,11 +73,24 @@ def test_k_slices_cover_k_and_none_is_empty(k, split, expected):
 
 
 def test_split_kernels_write_f32_partials_without_extras():
-  p = GemmProblem(m=40, n=136, k=1000, out_dtype="bfloat16", has_bias=True, has_c=True,
-                  has_row_bias=True, residual_dtype="bfloat16")
+  p = GemmProblem(
+      m=40,
+      n=136,
+      k=1000,
+      out_dtype="bfloat16",
+      has_bias=True,
+      has_c=True,
+      has_row_bias=True,
+      residual_dtype="bfloat16",
+  )
   kp = DECODE_CFG.kernel_problem(p)
   assert (kp.out_dtype, kp.has_bias, kp.has_c, kp.has_row_bias, kp.residual_dtype) == (
-      "float32", False, False, False, None)
+      "float32",
+      False,
+      False,
+      False,
+      None,
+  )
   assert GemmConfig().kernel_problem(p) == p
   # SMEM is counted for the f32 partials: the 64x64 f32 epilogue slots of a
   # 128x256 tile leave no room for 4 stages, 64x32 ones do.
@@ -88,12 +117,18 @@ def test_default_config_splits_k_for_decode_and_tall_skinny_k():
   tall.validate(GemmProblem(m=128, n=128, k=65536))
 
 
-@pytest.mark.parametrize("problem", [
-    GemmProblem(m=8192, n=8192, k=8192), GemmProblem(m=4096, n=8192, k=4096),
-    GemmProblem(m=16384, n=4096, k=4096)])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        GemmProblem(m=8192, n=8192, k=8192),
+        GemmProblem(m=4096, n=8192, k=4096),
+        GemmProblem(m=16384, n=4096, k=4096),
+    ],
+)
 def test_default_config_of_large_problems_is_the_tuned_one(problem):
-  assert default_config(problem) == GemmConfig(tile_m=128, tile_n=256, tile_k=64, stages=4,
-                                               cluster=(2, 1))
+  assert default_config(problem) == GemmConfig(
+      tile_m=128, tile_n=256, tile_k=64, stages=4, cluster=(2, 1)
+  )
 
 
 def test_every_default_of_the_sweeps_validates():
@@ -107,9 +142,9 @@ def test_every_default_of_the_sweeps_validates():
 
 def test_the_model_splits_only_where_tiles_leave_sms_idle():
   kw = dict(tile_m=64, tile_n=128, tile_k=64, stages=8)
-  assert split_k.choose(GemmProblem(m=1, n=1024, k=8192), **kw) > 1          # 8 tiles
-  assert split_k.choose(GemmProblem(m=1, n=28672, k=8192), **kw) == 1        # 224 tiles
-  assert split_k.choose(GemmProblem(m=1, n=1024, k=256), **kw) == 1          # 4 steps of K
+  assert split_k.choose(GemmProblem(m=1, n=1024, k=8192), **kw) > 1  # 8 tiles
+  assert split_k.choose(GemmProblem(m=1, n=28672, k=8192), **kw) == 1  # 224 tiles
+  assert split_k.choose(GemmProblem(m=1, n=1024, k=256), **kw) == 1  # 4 steps of K
   one = split_k.estimate(GemmProblem(m=1, n=28672, k=8192), 1, **kw)
   assert one.bound == "hbm"
 
@@ -135,8 +170,18 @@ def test_split_k_lowers_without_operand_copies(layout):
   b = jax.ShapeDtypeStruct((n, k) if tb else (k, n), jnp.bfloat16)
   bias = jax.ShapeDtypeStruct((n,), jnp.float32)
   cfg = dataclasses.replace(DECODE_CFG, split_k=4, epilogue_tile=(64, 32))
-  fn = jax.jit(lambda a, b, bias: matmul(a, b, transpose_a=ta, transpose_b=tb, bias=bias,
-                                         activation="silu", config=cfg, implementation="pallas"))
+  fn = jax.jit(
+      lambda a, b, bias: matmul(
+          a,
+          b,
+          transpose_a=ta,
+          transpose_b=tb,
+          bias=bias,
+          activation="silu",
+          config=cfg,
+          implementation="pallas",
+      )
+  )
   exported = jax.export.export(fn, platforms=["cuda"])(a, b, bias)
   text = exported.mlir_module()
   assert exported.out_avals[0].shape == (m, n)
@@ -170,8 +215,9 @@ def test_interpret_split_k_with_bias_and_activation_at_an_odd_shape():
   rng = np.random.default_rng()
   a, b = _bf16(rng, (40, 1000)), _bf16(rng, (1000, 136))
   bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
-  out = matmul(a, b, bias=bias, activation="gelu_tanh", config=DECODE_CFG,
-               implementation="interpret")
+  out = matmul(
+      a, b, bias=bias, activation="gelu_tanh", config=DECODE_CFG, implementation="interpret"
+  )
   assert out.dtype == jnp.bfloat16
   _close(out, _gelu_tanh(_f64(a) @ _f64(b) + _f64(bias)), 8e-3)
 
@@ -183,8 +229,19 @@ def test_interpret_split_k_batched_with_c_row_bias_and_residual():
   c, res = _bf16(rng, (72, 136)), _bf16(rng, (2, 72, 136))
   row_bias = jnp.asarray(rng.standard_normal(72, dtype=np.float32))
   cfg = dataclasses.replace(DECODE_CFG, tile_m=128, wg_split="m", split_k=4)
-  out = matmul(a, b, c=c, alpha=0.5, beta=-1.5, row_bias=row_bias, residual=res,
-               activation="relu", out_dtype=jnp.float32, config=cfg, implementation="interpret")
+  out = matmul(
+      a,
+      b,
+      c=c,
+      alpha=0.5,
+      beta=-1.5,
+      row_bias=row_bias,
+      residual=res,
+      activation="relu",
+      out_dtype=jnp.float32,
+      config=cfg,
+      implementation="interpret",
+  )
   ref = np.maximum(0.5 * (_f64(a) @ _f64(b)) - 1.5 * _f64(c) + _f64(row_bias)[:, None], 0)
   _close(out, ref + _f64(res), 1e-5)
 
@@ -196,8 +253,15 @@ def test_interpret_split_k_return_pre():
   rng = np.random.default_rng()
   a, b = _bf16(rng, (40, 1000)), _bf16(rng, (1000, 136))
   bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
-  y, pre = kernel_matmul(a, b, bias=bias, activation="gelu_tanh", return_pre=True,
-                         config=DECODE_CFG, implementation="interpret")
+  y, pre = kernel_matmul(
+      a,
+      b,
+      bias=bias,
+      activation="gelu_tanh",
+      return_pre=True,
+      config=DECODE_CFG,
+      implementation="interpret",
+  )
   want_pre = _f64(a) @ _f64(b) + _f64(bias)
   _close(pre, want_pre, 8e-3)
   _close(y, _gelu_tanh(want_pre), 8e-3)
@@ -213,9 +277,18 @@ def test_interpret_split_k_scaled_fp8_with_amax():
   b_scale = jnp.float32(0.75)
   bias = jnp.asarray(rng.standard_normal(136, dtype=np.float32))
   cfg = dataclasses.replace(DECODE_CFG, tile_k=128, split_k=2)
-  y, amax = scaled_matmul(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16, bias=bias,
-                          activation="gelu_tanh", return_amax=True, config=cfg,
-                          implementation="interpret")
+  y, amax = scaled_matmul(
+      a,
+      b,
+      a_scale,
+      b_scale,
+      out_dtype=jnp.bfloat16,
+      bias=bias,
+      activation="gelu_tanh",
+      return_amax=True,
+      config=cfg,
+      implementation="interpret",
+  )
   want = _gelu_tanh(_f64(a_scale)[:, None] * 0.75 * (_f64(a) @ _f64(b).T) + _f64(bias))
   _close(y, want, 8e-3)
   assert abs(float(amax) - np.abs(want).max()) <= 1e-5 * np.abs(want).max()
@@ -234,10 +307,16 @@ def test_sweep_cases_filter_m_and_count():
 
 def test_summary_table_geomean_and_worst_shape():
   cases = [Case(1, 8192, 8192), Case(4096, 4096, 4096), Case(64, 1024, 8192)]
-  times = {cases[0].label: (0.05, 0.05), cases[1].label: (0.2, 0.176),
-           cases[2].label: (0.01, 0.0125)}
-  rows = [dict(case=label, contender=name, median_ms=ms)
-          for label, pair in times.items() for name, ms in zip(("pallas_gemm", "xla"), pair)]
+  times = {
+      cases[0].label: (0.05, 0.05),
+      cases[1].label: (0.2, 0.176),
+      cases[2].label: (0.01, 0.0125),
+  }
+  rows = [
+      dict(case=label, contender=name, median_ms=ms)
+      for label, pair in times.items()
+      for name, ms in zip(("pallas_gemm", "xla"), pair)
+  ]
   rows.append(dict(case=cases[2].label, contender="pallas_alt", median_ms=0.02))
   summary = sweep.summarize(cases, rows, configs=["a", "b", "c"])
   assert [s["bound"] for s in summary] == ["memory", "compute", "memory"]
@@ -256,17 +335,25 @@ def test_summary_table_geomean_and_worst_shape():
 def test_sweep_run_writes_json_and_prints_per_shape(tmp_path, monkeypatch):
   from benchmarks import matmul as harness
 
-  monkeypatch.setattr(harness, "cupti_times_ms",
-                      lambda fn, args, iterations: [0.02] * iterations)
+  monkeypatch.setattr(harness, "cupti_times_ms", lambda fn, args, iterations: [0.02] * iterations)
   cases = [Case(16, 1024, 256)]
-  rows, summary = sweep.run("t", cases, out_dir=str(tmp_path), rounds=2, iterations=3,
-                            budget_s=60, compare_split=True, log=lambda msg: None)
+  rows, summary = sweep.run(
+      "t",
+      cases,
+      out_dir=str(tmp_path),
+      rounds=2,
+      iterations=3,
+      budget_s=60,
+      compare_split=True,
+      log=lambda msg: None,
+  )
   assert {r["contender"] for r in rows} == {"pallas_gemm", "xla"}  # K too short to split
   assert summary[0]["speedup"] == pytest.approx(1.0)
   data = json.loads((tmp_path / "sweep_t.json").read_text())
   assert data["sweep"] == "t" and len(data["summary"]) == 1
-  rows, summary = sweep.run("t", cases, out_dir=None, rounds=1, iterations=1, budget_s=-1,
-                            log=lambda msg: None)
+  rows, summary = sweep.run(
+      "t", cases, out_dir=None, rounds=1, iterations=1, budget_s=-1, log=lambda msg: None
+  )
   assert rows == summary == []  # over budget before the first shape
 
 
@@ -275,23 +362,39 @@ def test_sweep_compares_a_tuning_table_file(tmp_path, monkeypatch):
   from benchmarks import matmul as harness
   from pallas_gemm import tuning_cache
 
-  monkeypatch.setattr(harness, "cupti_times_ms",
-                      lambda fn, args, iterations: [0.02] * iterations)
+  monkeypatch.setattr(harness, "cupti_times_ms", lambda fn, args, iterations: [0.02] * iterations)
   tuned_at = Case(16, 1024, 256)
   problem, activation = sweep.case_problem(tuned_at)
   path = str(tmp_path / "tuned.json")
   config = GemmConfig(tile_m=64, tile_n=128, wg_split="n", stages=3)
-  tuning_cache.TuningCache(path).store(tuning_cache.TuningKey.current(problem, activation),
-                                       config, 0.02)
+  tuning_cache.TuningCache(path).store(
+      tuning_cache.TuningKey.current(problem, activation), config, 0.02
+  )
   assert sweep.table_config(Case(3, 1024, 256), path) == config  # tuned at 16 serves M=3
   assert sweep.table_config(Case(16, 1024, 512), path) is None  # another K
-  rows, summary = sweep.run("t", [tuned_at], out_dir=None, rounds=1, iterations=2, budget_s=60,
-                            compare_table=path, log=lambda msg: None)
+  rows, summary = sweep.run(
+      "t",
+      [tuned_at],
+      out_dir=None,
+      rounds=1,
+      iterations=2,
+      budget_s=60,
+      compare_table=path,
+      log=lambda msg: None,
+  )
   assert {r["contender"] for r in rows} == {"pallas_gemm", "xla", "pallas_alt"}
   assert summary[0]["config"].endswith("(alt: 64x128x64 s3 cooperative/n cluster 1x1 along_n/8)")
   with pytest.raises(ValueError, match="pick one"):
-    sweep.run("t", [tuned_at], out_dir=None, rounds=1, iterations=1, budget_s=60,
-              compare_split=True, compare_table=path)
+    sweep.run(
+        "t",
+        [tuned_at],
+        out_dir=None,
+        rounds=1,
+        iterations=1,
+        budget_s=60,
+        compare_split=True,
+        compare_table=path,
+    )
 
 
 def test_sweep_without_a_gpu_prints_the_plan(capsys):

@@ -16,8 +16,12 @@ from hypothesis import given, settings, strategies as st
 from pallas_gemm import GemmConfig, GemmProblem, matmul, stream_k
 from pallas_gemm.hopper_gemm import hopper_gemm
 
-schedules = st.builds(stream_k.Schedule.plan, tiles=st.integers(1, 400),
-                      workers=st.integers(1, 140), k_iters=st.integers(1, 160))
+schedules = st.builds(
+    stream_k.Schedule.plan,
+    tiles=st.integers(1, 400),
+    workers=st.integers(1, 140),
+    k_iters=st.integers(1, 160),
+)
 
 
 def test_docstring_examples():
@@ -63,7 +67,9 @@ def test_traced_schedule_matches_ints(tiles, workers, k_iters):
   s = stream_k.Schedule.plan(tiles, workers, k_iters)
   w = jnp.arange(workers)
   start, length = jax.jit(s.range_of)(w)
-  assert [(int(a), int(b)) for a, b in zip(start, length)] == [s.range_of(i) for i in range(workers)]
+  assert [(int(a), int(b)) for a, b in zip(start, length)] == [
+      s.range_of(i) for i in range(workers)
+  ]
   steps = jnp.arange(s.sk_steps)
   assert np.asarray(jax.jit(s.owner)(steps)).tolist() == [s.owner(i) for i in range(s.sk_steps)]
 
@@ -80,7 +86,11 @@ def test_numpy_replay_of_the_reduction_equals_the_product():
 
   def part(tile, kb, ke):
     mi, ni = divmod(tile, n_tiles)
-    rows, cols, ks = slice(mi * tm, (mi + 1) * tm), slice(ni * tn, (ni + 1) * tn), slice(kb * tk, ke * tk)
+    rows, cols, ks = (
+        slice(mi * tm, (mi + 1) * tm),
+        slice(ni * tn, (ni + 1) * tn),
+        slice(kb * tk, ke * tk),
+    )
     return (mi, ni), a[rows, ks] @ b[ks, cols]
 
   out, partials, finished = np.full((m_tiles * tm, n_tiles * tn), np.nan), {}, []
@@ -91,20 +101,28 @@ def test_numpy_replay_of_the_reduction_equals_the_product():
       else:
         finished.append((w, tile, kb, ke))
   for w in range(workers):
-    finished += [(w, s.sk_tiles + w + i * workers, 0, k_iters) for i in range(s.dp_tiles_per_worker)]
+    finished += [
+        (w, s.sk_tiles + w + i * workers, 0, k_iters) for i in range(s.dp_tiles_per_worker)
+    ]
   for w, tile, kb, ke in finished:
     (mi, ni), acc = part(tile, kb, ke)
     contributors = s.owner(tile * k_iters + k_iters - 1) - w if tile < s.sk_tiles else 0
     for c in range(contributors):
       acc = acc + partials[w + 1 + c]
-    out[mi * tm:(mi + 1) * tm, ni * tn:(ni + 1) * tn] = acc
+    out[mi * tm : (mi + 1) * tm, ni * tn : (ni + 1) * tn] = acc
   np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(schedule="pingpong", tile_n=128, stages=4), "GemmConfig.stream_k=True: needs schedule='cooperative'"),
-    (dict(split_k=2), "GemmConfig.stream_k=True: needs schedule='cooperative' and split_k=1"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            dict(schedule="pingpong", tile_n=128, stages=4),
+            "GemmConfig.stream_k=True: needs schedule='cooperative'",
+        ),
+        (dict(split_k=2), "GemmConfig.stream_k=True: needs schedule='cooperative' and split_k=1"),
+    ],
+)
 def test_stream_k_rules_name_the_field(change, match):
   cfg = dataclasses.replace(GemmConfig(stream_k=True), **change)
   with pytest.raises(ValueError, match=re.escape(match)):
@@ -117,12 +135,21 @@ def test_interpret_mode_refuses_stream_k():
     matmul(a, a.T, config=GemmConfig(stream_k=True, num_sms=2), implementation="interpret")
 
 
-@pytest.mark.parametrize("m, n, k, cfg, extras", [
-    (4096, 8192, 4096, GemmConfig(stream_k=True, cluster=(2, 1)), {}),
-    (2048, 2048, 128, GemmConfig(stream_k=True), {}),
-    (1000, 1024, 576, GemmConfig(stream_k=True), dict(bias=True)),
-    (600, 1024, 1024, GemmConfig(stream_k=True, wg_split="n", tile_n=128), dict(return_pre=True)),
-])
+@pytest.mark.parametrize(
+    "m, n, k, cfg, extras",
+    [
+        (4096, 8192, 4096, GemmConfig(stream_k=True, cluster=(2, 1)), {}),
+        (2048, 2048, 128, GemmConfig(stream_k=True), {}),
+        (1000, 1024, 576, GemmConfig(stream_k=True), dict(bias=True)),
+        (
+            600,
+            1024,
+            1024,
+            GemmConfig(stream_k=True, wg_split="n", tile_n=128),
+            dict(return_pre=True),
+        ),
+    ],
+)
 def test_stream_k_lowers_for_cuda(m, n, k, cfg, extras):
   from pallas_gemm import epilogue as epilogue_lib
 
@@ -131,8 +158,15 @@ def test_stream_k_lowers_for_cuda(m, n, k, cfg, extras):
   tn = cfg.tile_n
 
   def f(a, b, *bias):
-    return hopper_gemm(a, b, *bias, problem=problem, config=cfg, epilogue=spec,
-                       return_pre=extras.get("return_pre", False))
+    return hopper_gemm(
+        a,
+        b,
+        *bias,
+        problem=problem,
+        config=cfg,
+        epilogue=spec,
+        return_pre=extras.get("return_pre", False),
+    )
 
   args = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16)]
   if problem.has_bias:

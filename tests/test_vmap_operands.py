@@ -25,21 +25,31 @@ def _operands(key):
 
 def _gemm(implementation):
   def f(a, b, bias, c, residual):
-    return pallas_gemm.matmul(a, b, bias=bias, c=c, beta=0.5, residual=residual,
-                              activation="relu", implementation=implementation)
+    return pallas_gemm.matmul(
+        a,
+        b,
+        bias=bias,
+        c=c,
+        beta=0.5,
+        residual=residual,
+        activation="relu",
+        implementation=implementation,
+    )
+
   return f
 
 
-@pytest.mark.parametrize("batched", [
-    combo for r in range(1, len(NAMES) + 1) for combo in itertools.combinations(NAMES, r)])
+@pytest.mark.parametrize(
+    "batched",
+    [combo for r in range(1, len(NAMES) + 1) for combo in itertools.combinations(NAMES, r)],
+)
 def test_vmap_matches_a_loop(batched):
   ops = _operands(jax.random.key(len(batched)))
   args = [ops[n] if n in batched else ops[n][0] for n in NAMES]
   axes = [0 if n in batched else None for n in NAMES]
   f = _gemm("xla")
   got = jax.vmap(f, in_axes=axes)(*args)
-  want = jnp.stack([f(*[x[i] if ax == 0 else x for x, ax in zip(args, axes)])
-                    for i in range(SIZE)])
+  want = jnp.stack([f(*[x[i] if ax == 0 else x for x, ax in zip(args, axes)]) for i in range(SIZE)])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

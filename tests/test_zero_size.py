@@ -28,8 +28,9 @@ def test_empty_extents_match_lax(implementation, batch, m, k, n):
   a = jax.random.normal(key_a, (*batch, m, k), jnp.float32)
   b = jax.random.normal(key_b, (*batch, k, n), jnp.float32)
   bias = jax.random.normal(key_c, (n,), jnp.float32)
-  ours = lambda a, b, bias: pallas_gemm.matmul(a, b, bias=bias, activation="gelu_tanh",
-                                               implementation=implementation)
+  ours = lambda a, b, bias: pallas_gemm.matmul(
+      a, b, bias=bias, activation="gelu_tanh", implementation=implementation
+  )
   np.testing.assert_allclose(ours(a, b, bias), _reference(a, b, bias), rtol=1e-6, atol=1e-6)
   loss = lambda f: lambda a, b, bias: jnp.sum(f(a, b, bias) ** 2)
   got = jax.grad(loss(ours), argnums=(0, 1, 2))(a, b, bias)

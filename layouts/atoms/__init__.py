@@ -16,6 +16,12 @@ from .mma_atom import MMAAtom, MMAOperation, MMATraits, Registers
 from .registry import UnknownAtomError, mma_atom, mma_atoms
 
 __all__ = [
-    "MMAAtom", "MMAOperation", "MMATraits", "Registers", "UnknownAtomError",
-    "mma_atom", "mma_atoms", "mma_fragment",
+    "MMAAtom",
+    "MMAOperation",
+    "MMATraits",
+    "Registers",
+    "UnknownAtomError",
+    "mma_atom",
+    "mma_atoms",
+    "mma_fragment",
 ]

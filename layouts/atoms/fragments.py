@@ -30,24 +30,26 @@ __all__ = ["mma_fragment"]
 
 
 def mma_fragment(rows: int, cols: int, pack: int, warps: int = 1) -> Layout:
-    """``(thread, value) -> row + rows*col`` of a ``rows x cols`` register
-    fragment spread over ``warps`` warps by the PTX rule above.
+  """``(thread, value) -> row + rows*col`` of a ``rows x cols`` register
+  fragment spread over ``warps`` warps by the PTX rule above.
 
-    ``rows`` is 8 or 16 per warp (``16*warps`` for a warpgroup); ``cols`` a
-    multiple of ``4*pack``. Value modes of size 1 are left out, as CuTe does.
-    """
-    rows_per_warp = rows // warps
-    if rows % warps or rows_per_warp not in (8, 16) or (warps > 1 and rows_per_warp != 16):
-        raise ValueError(f"mma_fragment: {rows} rows do not split into warps of 8 or 16 rows ({warps} warps)")
-    if cols % (4 * pack):
-        raise ValueError(f"mma_fragment: {cols} columns are not a multiple of 4*pack = {4 * pack}")
-    thread_shape, thread_stride = (4, 8), (pack * rows, 1)
-    if warps > 1:
-        thread_shape, thread_stride = thread_shape + (warps,), thread_stride + (16,)
-    value_modes = [(pack, rows), (rows_per_warp // 8, 8), (cols // (4 * pack), 4 * pack * rows)]
-    value_modes = [(s, d) for s, d in value_modes if s > 1] or [(1, 0)]
-    value_shape = tuple(s for s, _ in value_modes)
-    value_stride = tuple(d for _, d in value_modes)
-    if len(value_modes) == 1:
-        value_shape, value_stride = value_shape[0], value_stride[0]
-    return Layout((thread_shape, value_shape), (thread_stride, value_stride))
+  ``rows`` is 8 or 16 per warp (``16*warps`` for a warpgroup); ``cols`` a
+  multiple of ``4*pack``. Value modes of size 1 are left out, as CuTe does.
+  """
+  rows_per_warp = rows // warps
+  if rows % warps or rows_per_warp not in (8, 16) or (warps > 1 and rows_per_warp != 16):
+    raise ValueError(
+        f"mma_fragment: {rows} rows do not split into warps of 8 or 16 rows ({warps} warps)"
+    )
+  if cols % (4 * pack):
+    raise ValueError(f"mma_fragment: {cols} columns are not a multiple of 4*pack = {4 * pack}")
+  thread_shape, thread_stride = (4, 8), (pack * rows, 1)
+  if warps > 1:
+    thread_shape, thread_stride = thread_shape + (warps,), thread_stride + (16,)
+  value_modes = [(pack, rows), (rows_per_warp // 8, 8), (cols // (4 * pack), 4 * pack * rows)]
+  value_modes = [(s, d) for s, d in value_modes if s > 1] or [(1, 0)]
+  value_shape = tuple(s for s, _ in value_modes)
+  value_stride = tuple(d for _, d in value_modes)
+  if len(value_modes) == 1:
+    value_shape, value_stride = value_shape[0], value_stride[0]
+  return Layout((thread_shape, value_shape), (thread_stride, value_stride))

@@ -33,28 +33,43 @@ _ACCUMULATORS = {
     "f32": Layout(((2, 2, 2), (2, 2, 2)), ((1, 16, 4), (8, 2, 32))),
 }
 
-_A_MAJOR = {"T": "K", "N": "MN"}   # BLAS letter of A -> majorness
-_B_MAJOR = {"N": "K", "T": "MN"}   # BLAS letter of B -> majorness
+_A_MAJOR = {"T": "K", "N": "MN"}  # BLAS letter of A -> majorness
+_B_MAJOR = {"N": "K", "T": "MN"}  # BLAS letter of B -> majorness
 _A_PTX = {"K": "row", "MN": "col"}  # majorness of A -> PTX .alayout
 _B_PTX = {"K": "col", "MN": "row"}  # majorness of B -> PTX .blayout
 
 
 def _atom(acc: str, transposes: str) -> MMAAtom:
-    a_major, b_major = _A_MAJOR[transposes[0]], _B_MAJOR[transposes[1]]
-    tv = {"K": _K_MAJOR, "MN": _MN_MAJOR}
-    c_layout = _ACCUMULATORS[acc]
-    name = f"SM70_8x8x4_{acc.upper()}F16F16{acc.upper()}_{transposes}"
-    ptx = f"mma.sync.aligned.m8n8k4.{_A_PTX[a_major]}.{_B_PTX[b_major]}.{acc}.f16.f16.{acc}"
-    c_registers = registers_for(acc, size(c_layout[1]))
-    operation = MMAOperation(
-        name=name, ptx=ptx, d_registers=c_registers,
-        a_registers=registers_for("f16", 4), b_registers=registers_for("f16", 4), c_registers=c_registers,
-        a_major=(a_major,), b_major=(b_major,))
-    traits = MMATraits(d_type=acc, a_type="f16", b_type="f16", c_type=acc, shape_mnk=(8, 8, 4),
-                       thr_id=QUADPAIR, a_layout=tv[a_major], b_layout=tv[b_major], c_layout=c_layout)
-    return MMAAtom(operation, traits)
+  a_major, b_major = _A_MAJOR[transposes[0]], _B_MAJOR[transposes[1]]
+  tv = {"K": _K_MAJOR, "MN": _MN_MAJOR}
+  c_layout = _ACCUMULATORS[acc]
+  name = f"SM70_8x8x4_{acc.upper()}F16F16{acc.upper()}_{transposes}"
+  ptx = f"mma.sync.aligned.m8n8k4.{_A_PTX[a_major]}.{_B_PTX[b_major]}.{acc}.f16.f16.{acc}"
+  c_registers = registers_for(acc, size(c_layout[1]))
+  operation = MMAOperation(
+      name=name,
+      ptx=ptx,
+      d_registers=c_registers,
+      a_registers=registers_for("f16", 4),
+      b_registers=registers_for("f16", 4),
+      c_registers=c_registers,
+      a_major=(a_major,),
+      b_major=(b_major,),
+  )
+  traits = MMATraits(
+      d_type=acc,
+      a_type="f16",
+      b_type="f16",
+      c_type=acc,
+      shape_mnk=(8, 8, 4),
+      thr_id=QUADPAIR,
+      a_layout=tv[a_major],
+      b_layout=tv[b_major],
+      c_layout=c_layout,
+  )
+  return MMAAtom(operation, traits)
 
 
 def sm70_atoms():
-    """The eight SM70 atoms: F16 and F32 accumulators, each TN, NT, NN, TT."""
-    return [_atom(acc, t) for acc in ("f16", "f32") for t in ("TN", "NT", "NN", "TT")]
+  """The eight SM70 atoms: F16 and F32 accumulators, each TN, NT, NN, TT."""
+  return [_atom(acc, t) for acc in ("f16", "f32") for t in ("TN", "NT", "NN", "TT")]
