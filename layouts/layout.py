@@ -229,7 +229,8 @@ class Layout:
     ``(i // p) % s * d`` per coalesced mode, compiled once per layout."""
     fn = self._modes
     if fn is None:
-      fn = _index_function(coalesce(self))
+      modes = list(zip(flatten(self.shape), flatten(self.stride)))
+      fn = _index_function(coalesce(self), absorbing=modes[-1] if modes else None)
       object.__setattr__(self, "_modes", fn)
     return fn(idx)
 
@@ -237,11 +238,28 @@ class Layout:
     return slice_and_offset(crd, self)
 
 
-def _index_function(flat: "Layout"):
+def _index_function(flat: "Layout", absorbing=None):
   """Compile ``i -> flat(i)`` into one Python expression (so numpy can reuse
   its temporaries, as in hand-written code). Only ints are inlined; basis
-  strides are bound as constants."""
+  strides are bound as constants.
+
+  An index past the layout's size goes on in the last mode of the layout before
+  coalescing, `absorbing` = (size, stride), as CuTe's `crd2idx` does: L(i) =
+  L(i mod size) + (i // size) * size_last * stride_last (a trailing size-1 mode,
+  which coalescing drops, still counts). Traced int32 indices wrap past 2^31 as
+  int32 arithmetic does; nothing checks that.
+  """
   modes = list(zip(flatten(flat.shape), flatten(flat.stride)))
+  if absorbing is not None and modes:
+    s_last, d_last = absorbing
+    s_c, d_c = modes[-1]
+    overflow = s_last * d_last
+    if is_int(overflow) and is_int(s_c * d_c) and overflow != s_c * d_c:
+      size = 1
+      for extent, _ in modes:
+        size *= extent
+      if size:
+        modes.append((1, overflow))  # reached with divisor = size: i // size
   terms, divisor = [], 1
   for k, (s, d) in enumerate(modes):
     coord = "i" if divisor == 1 else f"(i // {divisor})"

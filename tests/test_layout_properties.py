@@ -159,6 +159,25 @@ def test_coalesce_preserves_function_and_is_minimal(L):
     assert sh[k] * dd[k] != dd[k + 1]  # nothing mergeable
 
 
+def test_a_trailing_size_one_mode_still_absorbs_the_overflow():
+  L = Layout((4, 1), (1, 100))  # issue 20: evaluated to 5 while crd2idx (and CuTe) give 101
+  assert L(5) == 101 and L(np.array([3, 5]))[1] == 101
+
+
+@PROFILE
+@given(layouts(min_stride=-8), st.integers(0, 3))
+def test_indices_past_the_size_go_on_in_the_last_mode_as_crd2idx(L, wraps):
+  """CuTe's `crd2idx` of an index past size(L): the last mode (of the layout as
+  written, a trailing size-1 mode too) absorbs it; the compiled fast path agrees."""
+  from layouts import crd2idx
+
+  n = size(L)
+  idx = np.arange(n * wraps, n * (wraps + 1) + 3)
+  want = [crd2idx(int(i), L.shape, L.stride) for i in idx]
+  assert [L(int(i)) for i in idx] == want
+  np.testing.assert_array_equal(L(idx), want)
+
+
 @PROFILE
 @given(layouts(rank2=True))
 def test_coalesce_by_mode_keeps_each_mode(L):
