@@ -6,6 +6,9 @@
 #   bash benchmarks/run_device.sh extras  # grouped GEMM checks; scaled fp8: checks, then timing
 #   bash benchmarks/run_device.sh time    # bf16 harness (3 shapes), training step, shape sweeps
 #   bash benchmarks/run_device.sh sweeps  # the shape sweeps alone, on a shorter budget (~6 min)
+#   bash benchmarks/run_device.sh heldout # the held-out sweep and every default checked (~5 min)
+#   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
+#                                         # the data pallas_gemm/heuristics.py is fitted to
 #
 # Logs and JSON go to $OUT (default ./out); each step has its own time limit, and a
 # summary of every step's last lines is printed at the end.
@@ -50,8 +53,16 @@ case "${1:-}" in
     step sweep_tsk 90 8 python -u -m benchmarks.matmul --sweep tall_skinny_k --compare-split \
       --budget-s 55 --out "$OUT/tsk"
     ;;
+  heldout)
+    step check_defaults 240 2 python -u -m benchmarks.calibrate --check heldout,fit,odd
+    step sweep_heldout 300 3 python -u -m benchmarks.matmul --sweep heldout --budget-s 260 \
+      --out "$OUT/heldout"
+    ;;
+  calibrate)
+    step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
+    ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|calibrate" >&2
     exit 2
     ;;
 esac
