@@ -36,6 +36,7 @@ sweep is the check that it generalizes (NOTES.md exp. 53). A K step is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import statistics
@@ -232,6 +233,13 @@ def default_config(
 
     num_sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
     hbm_scale = hbm_scale or _compat.hbm_scale()
+  return _default_config(problem, num_sms, hbm_scale)
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_config(problem: GemmProblem, num_sms: int, hbm_scale: float) -> GemmConfig:
+  """`default_config` for a resolved board: ranked once per problem (it runs at every
+  call site's trace, forward and backward; ~0.7 ms of model evaluation each)."""
   options = candidates(problem, num_sms, hbm_scale)
   params = Params().for_board(hbm_scale)
   if not options:  # nothing of the grid is valid: the plain default, whose validation says why
