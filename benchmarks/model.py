@@ -276,7 +276,7 @@ def group_kernels(kernels, per: int = 1) -> dict:
   for name, us in kernels:
     totals[kernel_group(name)] += us / per
     by_name[name] = by_name.get(name, 0.0) + us / per
-  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:40]
   return dict(
       groups=totals,
       total_us=sum(totals.values()),
