@@ -72,12 +72,25 @@ def reset_interpret_state() -> None:
   interpret_pallas_call.reset_gpu_interpret_mode_state()
 
 
+_TARGET_SM_COUNT: int | None = None
+
+
 def device_sm_count() -> int | None:
-  """The number of SMs of the default device if it is a GPU, else None."""
+  """The number of SMs of the default device if it is a GPU (or of the GPU a kernel is
+  lowered for elsewhere: `target_sm_count`), else None."""
+  if _TARGET_SM_COUNT is not None:
+    return _TARGET_SM_COUNT
   device = jax.devices()[0]
   if device.platform != "gpu":
     return None
   return int(device.core_count)
+
+
+def target_sm_count(count: int | None) -> None:
+  """Lower kernels for a GPU of `count` SMs from a process without it (a lowering
+  worker, `pallas_gemm.lowering_pool`); None: the default device's again."""
+  global _TARGET_SM_COUNT
+  _TARGET_SM_COUNT = count
 
 
 HOPPER_KINDS = re.compile(r"\bG?H(100|200|800|20)\b")

@@ -14,8 +14,10 @@ and the lowering of the enclosing program emits one private function for it
 that every call site calls: one kernel per distinct kernel in the module,
 however many call sites, forward and backward. The jit is inlined by XLA, so
 nothing changes at run time. Inside it the kernel goes through
-`kernel_cache.launch`: where jax's persistent compilation cache is on, a
-kernel lowered by an earlier process is not lowered again.
+`kernel_cache.launch`: a kernel lowered by an earlier process (where jax's
+persistent compilation cache is on) or an earlier program is not lowered
+again, and a new one is lowered by `lowering_pool`'s helper processes while
+the rest of the program is traced.
 
 >>> import jax, jax.numpy as jnp
 >>> traces = []
@@ -50,13 +52,15 @@ def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
   if fn is None:
     return functools.partial(kernel_entry, static_argnames=static_argnames)
   static_argnames = tuple(static_argnames)
+  kernel_cache.register(fn)
 
   @functools.wraps(fn)
   def entry(*args, **kwargs):
     static = {name: kwargs.pop(name) for name in static_argnames if name in kwargs}
-    if static.get("interpret") is None:  # the real kernel: never on another GPU
+    mosaic = static.get("interpret") is None
+    if mosaic:  # the real kernel: never on another GPU
       _compat.require_hopper(f"{fn.__module__}.{fn.__name__} (implementation='pallas')")
-    return kernel_cache.launch(fn, static, args, kwargs)
+    return kernel_cache.launch(fn, static, args, kwargs, lower_ahead=mosaic)
 
   return jax.jit(entry, static_argnames=static_argnames)
 

@@ -27,17 +27,23 @@ nothing stored.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
+import importlib
 import json
 import os
 import pathlib
 import tempfile
 import types
+from typing import Callable
 
 import jax
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
+
+from pallas_gemm import _compat
+from pallas_gemm import lowering_pool
 
 SUBDIR = "pallas_gemm_kernels"
 
@@ -45,20 +51,29 @@ kernel_p = jex_core.Primitive("pallas_gemm_kernel")
 kernel_p.multiple_results = True
 
 
-def launch(fn, static: dict, args: tuple, kwargs: dict | None = None):
-  """`fn(*args, **kwargs, **static)` through `kernel_p` (arrays or None in args, kwargs)."""
+def launch(fn, static: dict, args: tuple, kwargs: dict | None = None, *, lower_ahead=False):
+  """`fn(*args, **kwargs, **static)` through `kernel_p` (arrays or None in args, kwargs).
+
+  `lower_ahead=True` (a Mosaic GPU kernel): a kernel not lowered yet is handed to
+  `lowering_pool` now, to be lowered while the rest of the program is traced.
+  """
   kwargs = kwargs or {}
   flat, tree = jax.tree.flatten((args, kwargs))
+  avals = [jax.typeof(x) for x in flat]
+  closed, out_shape = jax.make_jaxpr(_flat_fn(fn, static, tree), return_shape=True)(*flat)
+  key = entry_key(fn, static, tree, avals)
+  if lower_ahead and key is not None:
+    _lower_ahead(key, fn, static, tree, avals)
+  outs = kernel_p.bind(*flat, jaxpr=closed, key=key)
+  return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
+
+def _flat_fn(fn, static, tree):
   def flat_fn(*leaves):
     a, kw = jax.tree.unflatten(tree, leaves)
     return fn(*a, **kw, **static)
 
-  closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
-  outs = kernel_p.bind(
-      *flat, jaxpr=closed, key=entry_key(fn, static, tree, [jax.typeof(x) for x in flat])
-  )
-  return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+  return flat_fn
 
 
 def entry_key(fn, static: dict, tree, avals) -> str | None:
@@ -137,26 +152,107 @@ def lower_kernel(ctx, args, jaxpr):
 
 
 def _lower(ctx, *args, jaxpr, key):
-  directory = store_dir()
-  if key is None or directory is None or tuple(ctx.module_context.platforms) != ("cuda",):
+  if key is None or tuple(ctx.module_context.platforms) != ("cuda",):
     return lower_kernel(ctx, args, jaxpr)
-  path = directory / f"{key}.json"
-  try:
-    stored = json.loads(path.read_text())
-    op = mlir.ir.Operation.create(
-        "stablehlo.custom_call",
-        results=[mlir.ir.Type.parse(t) for t in stored["results"]],
-        operands=_flat(args),
-        attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()},
-    )
-    return list(op.results)
-  except (OSError, ValueError, KeyError, TypeError):
-    pass  # not stored, or unreadable: lower it
+  stored = _lowered.get(key) or _from_pool(key) or _read(key)
+  if stored is not None:
+    try:
+      op = mlir.ir.Operation.create(
+          "stablehlo.custom_call",
+          results=[mlir.ir.Type.parse(t) for t in stored["results"]],
+          operands=_flat(args),
+          attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()},
+      )
+      _lowered[key] = stored
+      return list(op.results)
+    except (ValueError, KeyError, TypeError):
+      pass  # unreadable: lower it
   outs = lower_kernel(ctx, args, jaxpr)
   stored = _single_custom_call(outs, _flat(args))
   if stored is not None:
-    _write(path, stored)
+    _lowered[key] = stored
+    if (directory := store_dir()) is not None:
+      _write(directory / f"{key}.json", stored)
   return outs
+
+
+_lowered: dict[str, dict] = {}
+"""This process's lowerings by entry key: a kernel lowered for one program is emitted
+again in the next one without a store dir."""
+
+_pending: dict[str, concurrent.futures.Future] = {}
+"""Lowerings handed to `lowering_pool`, by entry key."""
+
+
+def forget() -> None:
+  """Forgets this process's lowerings, as a fresh process would not have them (the
+  store on disk stays). For tests and benchmarks."""
+  _lowered.clear()
+  _pending.clear()
+
+
+def _read(key: str) -> dict | None:
+  directory = store_dir()
+  if directory is None:
+    return None
+  try:
+    return json.loads((directory / f"{key}.json").read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def _lower_ahead(key, fn, static, tree, avals) -> None:
+  if key in _lowered or key in _pending:
+    return
+  directory = store_dir()
+  if directory is not None and (directory / f"{key}.json").exists():
+    return
+  name = f"{fn.__module__}.{fn.__qualname__}"
+  ref = (fn.__module__, name) if _kernels.get(name) is fn else fn
+  job = (ref, static, tree, [(a.shape, a.dtype, a.weak_type) for a in avals], key)
+  future = lowering_pool.run(
+      lower_job, (*job, _compat.device_sm_count(), jax.config.jax_enable_x64)
+  )
+  if future is not None:
+    _pending[key] = future
+
+
+def _from_pool(key: str) -> dict | None:
+  future = _pending.pop(key, None)
+  if future is None or future.cancel():  # not started: quicker to lower it here
+    return None
+  try:
+    return future.result(timeout=lowering_pool.TIMEOUT_S)
+  except concurrent.futures.TimeoutError:
+    return None
+
+
+def register(fn):
+  """Names `fn` for lowering workers: a kernel function that its module rebinds (to a
+  `jax.jit` of it, say) cannot be pickled by reference; the worker imports the module
+  and finds it here."""
+  _kernels[f"{fn.__module__}.{fn.__qualname__}"] = fn
+  return fn
+
+
+_kernels: dict[str, Callable] = {}
+
+
+def lower_job(fn, static, tree, avals, key, sm_count, x64) -> dict | None:
+  """A lowering worker's job: the custom call of `fn(**static)` on `avals` (shape,
+  dtype, weak type) lowered for CUDA as `_lower` would store it, or None. `fn` may be
+  a registered kernel's (module, dotted name)."""
+  if isinstance(fn, tuple):
+    module, name = fn
+    importlib.import_module(module)
+    fn = _kernels[name]
+  _compat.target_sm_count(sm_count)
+  jax.config.update("jax_enable_x64", x64)
+  specs = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in avals]
+  closed = jax.make_jaxpr(_flat_fn(fn, static, tree))(*specs)
+  call = jax.jit(lambda *leaves: kernel_p.bind(*leaves, jaxpr=closed, key=key))
+  jax.export.export(call, platforms=["cuda"])(*specs)
+  return _lowered.get(key)
 
 
 mlir.register_lowering(kernel_p, _lower)

@@ -43,8 +43,10 @@ ARGS = (
 
 
 def _module():
-  """The training step's module for CUDA, without source locations."""
+  """The training step's module for CUDA, without source locations, lowered as a fresh
+  process would (what this one lowered before is forgotten)."""
   jax.clear_caches()
+  kernel_cache.forget()
   text = jax.export.export(jax.jit(jax.grad(_loss, argnums=(0, 1, 2))), platforms=["cuda"])(
       *ARGS
   ).mlir_module()
@@ -95,3 +97,13 @@ def test_keys_change_with_any_static_argument_and_refuse_unstable_reprs():
   assert key(k=1) == key(k=1) != key(k=2)
   assert key(f=lambda: 0) is None
   assert key(f=_loss) is not None and key(f=_loss) != key(f=_module)  # named functions
+
+
+def test_a_kernel_lowered_for_one_program_is_not_lowered_for_the_next(monkeypatch):
+  jax.clear_caches()
+  kernel_cache.forget()
+  jax.export.export(jax.jit(_loss), platforms=["cuda"])(*ARGS)
+  jax.clear_caches()  # a new program: traced and lowered again, its kernels not
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  text = jax.export.export(jax.jit(_loss), platforms=["cuda"])(*ARGS).mlir_module()
+  assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
