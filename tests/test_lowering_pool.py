@@ -151,3 +151,19 @@ def test_the_worker_count_comes_from_the_environment(monkeypatch):
     lowering_pool.default_workers()
   monkeypatch.delenv(lowering_pool.ENV_WORKERS)
   assert lowering_pool.default_workers() == 0  # no GPU here
+
+
+def test_what_workers_lowered_is_stored_for_the_next_process(pool, tmp_path, monkeypatch):
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  try:
+    cold = _lowered(wait_for_workers=True)
+    assert pool.served == len(cold[1])
+    stored = sorted((tmp_path / kernel_cache.SUBDIR).glob("*.json"))
+    assert len(stored) == len(cold[1])
+    in_process = _count_in_process(monkeypatch)
+    lowering_pool.reset(0)
+    warm = _lowered(wait_for_workers=False)  # a fresh process: memory forgotten
+  finally:
+    jax.config.update("jax_compilation_cache_dir", None)
+  assert not in_process
+  assert warm == cold
