@@ -9,7 +9,9 @@ their projections run:
               for the GEMM alone, as a user gets by injection.
   "fused"     `pallas_gemm.flax.Linear`: bias and activation in the kernel's
               epilogue, and the residual add of the attention output and of
-              the MLP down-projection in the epilogue too.
+              the MLP down-projection in the epilogue too; the GPT MLP as one
+              `pallas_gemm.mlp` (`flax.mlp_of`), whose backward applies the
+              GELU derivative in a GEMM's epilogue.
 
 "gpt": LayerNorm, multi-head attention (`jax.nn.dot_product_attention`), GELU
 MLP with biases, untied head. "llama": RMSNorm, grouped-query attention with
@@ -211,6 +213,8 @@ class Block(nnx.Module):
     o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=s.attention)
     x = self.attn_out(o.reshape(b, t, s.d_model), residual=x)
     h = self.norm2(x)
+    if s.arch == "gpt" and self.up.variant == "fused":  # the MLP's backward fused too
+      return pallas_gemm.flax.mlp_of(self.up.linear, self.down.linear, h, residual=x)
     if s.arch == "gpt":
       m = self.up(h)
     else:

@@ -14,6 +14,7 @@ from pallas_gemm.tuner import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.grouped import ragged_dot
+from pallas_gemm.mlp import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
@@ -33,6 +34,7 @@ __all__ = [
     "lookup_config",
     "make_dot_general",
     "matmul",
+    "mlp",
     "ragged_dot",
     "scaled_matmul",
 ]

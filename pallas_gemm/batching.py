@@ -47,6 +47,8 @@ class GemmCall:
   autotune: bool | None = None
   return_pre: bool = False
   """Also return the affine part (y, pre), as `matmul(..., return_pre=True)`."""
+  residual_slope: str | None = None
+  """The residual multiplies by this activation's derivative (`gemm(residual_slope=)`)."""
 
   @property
   def nonlinear(self) -> bool:
@@ -62,6 +64,7 @@ class GemmCall:
         out_scale=None,
         out_dtype=out_dtype or self.out_dtype,
         return_pre=False,
+        residual_slope=None,
     )
 
   def product(self) -> GemmCall:
@@ -89,6 +92,7 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
       clamp_hi=hi,
       out_scale=1.0 if call.out_scale is None else call.out_scale,
       saturate=saturate,
+      residual_slope=call.residual_slope,
   )
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
   y = epilogue_lib.quantize(spec, epilogue_lib.finish(spec, pre, residual=residual))
@@ -143,6 +147,7 @@ def _run(call, a, b, bias, c, row_bias, residual):
       clamp=call.clamp,
       out_scale=call.out_scale,
       return_pre=call.return_pre,
+      residual_slope=call.residual_slope,
   )
 
 

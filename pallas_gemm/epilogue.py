@@ -2,6 +2,8 @@
 
     pre = alpha * scales * acc + beta * c + bias[col] + row_bias[row]  (`affine`)
     y = clamp(act(pre) + residual, lo, hi)                            (`finish`)
+    y = clamp(act(pre) * slope(residual), lo, hi)  (with `residual_slope`: the backward of
+                      an activation whose pre-activation is the residual operand)
     y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
 
 `scales` are runtime multipliers (device values, not compiled in): a scalar,
@@ -185,12 +187,16 @@ class EpilogueSpec:
   saturate: float | None = None
   """The largest finite value of an fp8 output dtype; the result is clamped to
   +-saturate before the cast (None for non-fp8 outputs)."""
+  residual_slope: str | None = None
+  """An activation name: the residual operand is that activation's input, and the
+  result is multiplied by the activation's derivative there instead of adding the
+  residual (dPre = dY @ W^T * act'(pre): the backward of a fused MLP)."""
 
   def __post_init__(self):
-    if self.activation is not None and self.activation not in ACTIVATIONS:
-      raise ValueError(
-          f"activation must be None or one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
-      )
+    for name in ("activation", "residual_slope"):
+      value = getattr(self, name)
+      if value is not None and value not in ACTIVATIONS:
+        raise ValueError(f"{name} must be None or one of {sorted(ACTIVATIONS)}, got {value!r}")
 
 
 def apply(
@@ -247,11 +253,16 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   >>> import jax.numpy as jnp
   >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
   Array([[2.5, 0. ]], dtype=float32)
+  >>> finish(EpilogueSpec(residual_slope="relu"), jnp.array([[2.5, 1.5]]),
+  ...        residual=jnp.array([[1.0, -1.0]]))
+  Array([[2.5, 0. ]], dtype=float32)
   """
   y = pre.astype(jnp.float32)
   if spec.activation is not None:
     y = ACTIVATIONS[spec.activation](y)
-  if residual is not None:
+  if residual is not None and spec.residual_slope is not None:
+    y = y * ACTIVATION_SLOPES[spec.residual_slope](residual.astype(jnp.float32))
+  elif residual is not None:
     y = y + residual.astype(jnp.float32)
   if spec.clamp_lo is not None:
     y = jnp.maximum(y, jnp.float32(spec.clamp_lo))

@@ -22,6 +22,9 @@ back to `lax.dot_general`.
 >>> layer(jnp.ones((2, 8))).shape
 (2, 4)
 
+`MLP` is two `Linear` layers (`up` with the activation, `down`) run as one
+`pallas_gemm.mlp`, whose backward fuses the activation's derivative into a GEMM.
+
 `Fp8Linear` is the fp8 counterpart of `Linear` (same parameters), with
 delayed scaling state as non-parameter variables (`Fp8Meta`).
 """
@@ -40,6 +43,7 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
+from pallas_gemm.mlp import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
 
@@ -85,6 +89,61 @@ class Linear(nnx.Linear):
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
+
+
+class MLP(nnx.Module):
+  """`down(act(up(x))) + residual` as one `pallas_gemm.mlp`: the activation's backward
+  runs in the epilogue of the GEMM that makes the hidden cotangent.
+
+  Parameters are two `Linear` layers named `up` (in -> hidden, with the activation)
+  and `down` (hidden -> out), each with `kernel` and `bias` as `nnx.Linear`'s.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> block = MLP(8, 32, activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  >>> block(jnp.ones((2, 8))).shape, block.up.kernel.shape, block.down.kernel.shape
+  ((2, 8), (8, 32), (32, 8))
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      hidden_features: int,
+      out_features: int | None = None,
+      *,
+      activation="gelu",
+      implementation: str | None = None,
+      **kwargs,
+  ):
+    if epilogue_lib.activation_name(activation) is None:
+      raise ValueError("activation must not be None (use one Linear for a linear map)")
+    out_features = in_features if out_features is None else out_features
+    self.up = Linear(
+        in_features, hidden_features, activation=activation, implementation=implementation, **kwargs
+    )
+    self.down = Linear(hidden_features, out_features, implementation=implementation, **kwargs)
+
+  def __call__(self, inputs, *, residual=None):
+    return mlp_of(self.up, self.down, inputs, residual=residual)
+
+
+def mlp_of(up: Linear, down: Linear, inputs, *, residual=None):
+  """`down(up(inputs)) + residual` for two `Linear` layers (`up` with an activation),
+  as one `pallas_gemm.mlp`: what `MLP` runs, for models that keep their own layers."""
+  b_in = up.bias[...] if up.bias is not None else None
+  b_out = down.bias[...] if down.bias is not None else None
+  inputs, w_in, b_in = up.promote_dtype((inputs, up.kernel[...], b_in), dtype=up.dtype)
+  _, w_out, b_out = down.promote_dtype((inputs, down.kernel[...], b_out), dtype=down.dtype)
+  return mlp(
+      inputs,
+      w_in,
+      w_out,
+      b_in=b_in,
+      b_out=b_out,
+      activation=up.activation,
+      residual=residual,
+      implementation=up.implementation,
+  )
 
 
 class Dense(linen.Dense):

@@ -73,6 +73,7 @@ def gemm(
     clamp=None,
     out_scale=None,
     return_pre=False,
+    residual_slope=None,
 ):
   """Computes, with f32 accumulation and every step fused into the kernel's epilogue,
 
@@ -116,6 +117,10 @@ def gemm(
     return_pre: also return `pre = alpha * op(a) @ op(b) + beta * c + bias +
       row_bias` (what the activation's derivative needs), in `out_dtype`,
       written by the same epilogue (one more store per tile, no extra pass).
+    residual_slope: an activation name (as `activation`): `residual` is that
+      activation's input and multiplies by its derivative instead of adding,
+      y = act(pre) * slope(residual): the backward of an activation fused into
+      the GEMM that makes its cotangent (`pallas_gemm.mlp`). Needs `residual`.
   Returns:
     (..., M, N) array of `out_dtype`; with `return_pre`, the pair (y, pre).
   """
@@ -133,6 +138,11 @@ def gemm(
   problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = _check_extras(problem, batch_shape, row_bias, residual)
   spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
+  if residual_slope is not None:
+    if residual is None:
+      raise ValueError("residual_slope needs residual (the activation's input)")
+    slope = epilogue_lib.activation_name(residual_slope, "residual_slope")
+    spec = dataclasses.replace(spec, residual_slope=slope)
   if c is not None and beta == 0.0:
     c = None
   if implementation is None:

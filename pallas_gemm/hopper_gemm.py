@@ -496,7 +496,9 @@ def _use_approx_math(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) 
   Their error (~2^-11 relative) is below bf16/f16 output rounding; f32 outputs
   keep the precise versions.
   """
-  return epilogue.activation is not None and problem.out_dtype != "float32"
+  return (
+      epilogue.activation is not None or epilogue.residual_slope is not None
+  ) and problem.out_dtype != "float32"
 
 
 def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, b_minor: int):
@@ -527,6 +529,7 @@ def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> s
   layout = ("T" if problem.transpose_a else "N") + ("T" if problem.transpose_b else "N")
   batch = f"{problem.batch}x" if problem.batch > 1 else ""
   act = f"_{epilogue.activation}" if epilogue.activation else ""
+  act += f"_d{epilogue.residual_slope}" if epilogue.residual_slope else ""
   return f"pallas_gemm_{batch}{problem.m}x{problem.n}x{problem.k}_{layout}{act}"
 
 
