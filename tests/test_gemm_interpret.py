@@ -16,6 +16,7 @@ Gaps of the interpreter, skipped explicitly (never passed silently):
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -404,3 +405,35 @@ def test_return_pre_has_no_race():
   _check(pre, ref, "bfloat16")
   _check(y, np.maximum(ref, 0), "bfloat16")
   assert not interpret_pallas_call.get_races().races_found
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(tile_m=128, tile_n=64, stages=3),
+        GemmConfig(tile_m=128, tile_n=64, stages=3, epilogue_tile=(64, 32)),
+        GemmConfig(tile_m=128, tile_n=128, stages=3, epilogue_tile=(64, 32)),
+        GemmConfig(tile_m=64, tile_n=128, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+    ],
+    ids=["one-chunk", "two-chunks", "four-chunks", "pingpong-four-chunks"],
+)
+@pytest.mark.parametrize("slope", [None, "gelu_tanh"])
+def test_residual_chunks_prefetched_and_loaded_late(config, slope):
+  """The first chunks of a tile's residual load with its vectors, the rest in the epilogue;
+  several tiles per SM reuse the slots (3x3 tiles and more over the interpreter's SMs)."""
+  rng = np.random.default_rng(21)
+  m, n, k = 3 * config.tile_m - 8, 3 * config.tile_n - 8, 96
+  a, b = _random(rng, (m, k), "bfloat16"), _random(rng, (k, n), "bfloat16")
+  residual = _random(rng, (m, n), "bfloat16")
+  out = kernel_matmul(
+      a, b, residual=residual, residual_slope=slope, config=config, implementation="interpret"
+  )
+  acc = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  r = np.asarray(residual, np.float64)
+  if slope is None:
+    ref = acc + r
+  else:
+    with jax.enable_x64(True):
+      gelu = lambda z: jax.nn.gelu(z, approximate=True)
+      ref = acc * np.asarray(jax.vmap(jax.vmap(jax.grad(gelu)))(jnp.asarray(r)))
+  _check(out, ref, "bfloat16")
