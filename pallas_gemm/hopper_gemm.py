@@ -293,7 +293,8 @@ def _kernel(
             plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
         if res_smem is not None:
           # The residual's first chunks too: a load issued in the epilogue would stall
-          # it for a whole HBM round trip (+5% on a 16384x2048x8192 GEMM, NOTES exp. 56).
+          # it for a whole HBM round trip (NOTES exp. 57); later chunks load one chunk
+          # ahead in the epilogue.
           for chunk in range(min(slots, chunks)):
             rows, cols = chunk_window(chunk, row0, col0)
             plgpu.copy_gmem_to_smem(
@@ -384,13 +385,9 @@ def _kernel(
           c_tile = res_tile = None
           barrier = wg * slots + out_slot
           chunk = i * (wn // en) + j
-          if res_smem is not None:
+          if res_smem is not None:  # loaded with the vectors, or after chunk - slots
             res_buf = res_smem.at[wg, chunk % slots]
             res_barrier = res_loaded.at[wg * slots + chunk % slots]
-            if chunk >= slots:  # the first `slots` chunks were loaded with the vectors
-              plgpu.copy_gmem_to_smem(
-                  _at(residual_gmem, batch_idx, rows, cols), res_buf, res_barrier
-              )
           if c_gmem is not None:
             plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
             plgpu.barrier_wait(c_loaded.at[barrier])
@@ -453,6 +450,14 @@ def _kernel(
           buf[...] = y.astype(out_dtype)
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+          if res_smem is not None and chunk + slots < chunks:
+            # This chunk's residual slot is free (commit_smem ordered every read of it):
+            # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
+            plgpu.copy_gmem_to_smem(
+                _at(residual_gmem, batch_idx, *chunk_window(chunk + slots, row0, col0)),
+                res_buf,
+                res_barrier,
+            )
           if amax_smem is not None and last_chunk:
             plgpu.copy_smem_to_gmem(
                 amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
