@@ -2,9 +2,9 @@
 
     y = act(x @ w_in + b_in) @ w_out + b_out + residual
 
-Forward: two GEMMs, the first with bias and activation in its epilogue and
-`pre = x @ w_in + b_in` written beside its output (as `matmul` does under
-differentiation), the second with bias and residual in its epilogue.
+Forward: two GEMMs, the first with bias and activation in its epilogue and,
+under differentiation only, `pre = x @ w_in + b_in` written beside its output
+(as `matmul` does), the second with bias and residual in its epilogue.
 
 Backward (`g` = cotangent of y). Differentiating two `matmul`s computes the
 hidden cotangent `dh = g @ w_out^T` in one GEMM, writes it, and reads it back
@@ -113,13 +113,16 @@ def mlp(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _mlp(static, x, w_in, w_out, b_in, b_out, residual):
-  return _forward(static, x, w_in, w_out, b_in, b_out, residual)[0]
+  # Not differentiated (inference): no `pre` to write.
+  return _forward(static, x, w_in, w_out, b_in, b_out, residual, keep_pre=False)[0]
 
 
-def _forward(static, x, w_in, w_out, b_in, b_out, residual):
+def _forward(static, x, w_in, w_out, b_in, b_out, residual, *, keep_pre):
   activation, implementation, dtype = static
-  up = GemmCall(dtype, implementation, activation=activation, return_pre=True)
-  h, pre = sharding.gemm(up, x, w_in, bias=b_in)
+  up = GemmCall(dtype, implementation, activation=activation, return_pre=keep_pre)
+  h, pre = sharding.gemm(up, x, w_in, bias=b_in), None
+  if keep_pre:
+    h, pre = h
   y = sharding.gemm(GemmCall(dtype, implementation), h, w_out, bias=b_out, residual=residual)
   return y, (h, pre)
 
@@ -135,7 +138,7 @@ class _Dtypes:
 
 
 def _fwd(static, x, w_in, w_out, b_in, b_out, residual):
-  y, (h, pre) = _forward(static, x, w_in, w_out, b_in, b_out, residual)
+  y, (h, pre) = _forward(static, x, w_in, w_out, b_in, b_out, residual, keep_pre=True)
   dtypes = _Dtypes(
       *(None if v is None else jnp.dtype(v.dtype).name for v in (b_in, b_out, residual))
   )

@@ -176,3 +176,18 @@ def test_on_the_gpu_against_float64(activation):
   # 1000 tokens, 520 -> 1544 -> 776: edge tiles in every GEMM of the forward and backward.
   args = _arrays((4, 250), 520, 1544, 776, jnp.dtype(jnp.bfloat16))
   _check(args, activation, "pallas", jnp.dtype(jnp.bfloat16))
+
+
+def test_inference_writes_no_pre():
+  """Not differentiated, the first GEMM writes its output alone (no `pre` beside it)."""
+  args = (
+      jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+      jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
+      jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16),
+  )
+  f = lambda x, w1, w2: mlp(x, w1, w2, activation="gelu", implementation="pallas")
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
+  assert len(calls) == 2
+  up = next(line for line in calls if "tensor<256x1024xbf16>" in line)
+  assert up.split("->")[1].count("tensor<") == 1  # y only
