@@ -191,6 +191,9 @@ class EpilogueSpec:
   """An activation name: the residual operand is that activation's input, and the
   result is multiplied by the activation's derivative there instead of adding the
   residual (dPre = dY @ W^T * act'(pre): the backward of a fused MLP)."""
+  gated: bool = False
+  """A gated linear unit: the accumulator holds gate and up columns side by side,
+  and the result is act(gate pre) * (up pre) (`gated`); `activation` is the gate's."""
 
   def __post_init__(self):
     for name in ("activation", "residual_slope"):
@@ -269,6 +272,21 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   if spec.clamp_hi is not None:
     y = jnp.minimum(y, jnp.float32(spec.clamp_hi))
   return y
+
+
+def gated(spec: EpilogueSpec, gate_pre, up_pre):
+  """A gated linear unit's output from its two pre-activations (f32): act(gate) * up,
+  then the clamp.
+
+  >>> import jax.numpy as jnp
+  >>> gated(EpilogueSpec(activation="relu", gated=True), jnp.array([[2.0, -1.0]]),
+  ...       jnp.array([[3.0, 5.0]]))
+  Array([[6., 0.]], dtype=float32)
+  """
+  gate = gate_pre.astype(jnp.float32)
+  if spec.activation is not None:
+    gate = ACTIVATIONS[spec.activation](gate)
+  return finish(dataclasses.replace(spec, activation=None), gate * up_pre.astype(jnp.float32))
 
 
 def quantize(spec: EpilogueSpec, y, out_scale=None):

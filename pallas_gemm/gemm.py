@@ -14,7 +14,7 @@ made. fp8 (e4m3, e5m2) and f32 (tf32) operands must be K-major for WGMMA (A as
 (M, K), B as (N, K)): other layouts are transposed by XLA first, one extra HBM
 read+write of that operand (measured in NOTES.md exp. 12).
 
-Shapes TMA cannot address as they are (see `_tma_layout`) are handled by
+Shapes TMA cannot address as they are (see `tma_layout`) are handled by
 zero-padding only the offending array, at the cost of one copy of it; every
 such copy is listed in DESIGN.md ("odd shapes").
 """
@@ -406,7 +406,7 @@ def _epilogue_in_xla(
 
 
 # -- kernel path --------------------------------------------------------------
-def _tma_layout(a, b, problem, config, interpret):
+def tma_layout(a, b, problem, config, interpret):
   """Pads A and B only where TMA cannot read them as they are.
 
   A and B share one swizzle. 128 bytes is preferred; 64 bytes is accepted when
@@ -469,7 +469,7 @@ def _residual_cols(dtype, cols, config):
   return cols
 
 
-def _interpret_config(config, problem):
+def interpret_config(config, problem):
   """A config the GPU interpreter can run: a small grid, clusters only where supported."""
   if config is None:
     config = default_config(problem)
@@ -575,7 +575,7 @@ def kernel_gemm(
         resolve_config(problem, spec.activation, operands=(a, b), tune=autotune), problem
     )
   if interpret:
-    config = _interpret_config(config, problem)
+    config = interpret_config(config, problem)
   config = config or default_config(problem)
   config.validate(problem)
   splits = config.k_splits(problem)[0]
@@ -593,7 +593,7 @@ def kernel_gemm(
     bias = c = row_bias = residual = scalars = row_scale = col_scale = None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
-  a, b = _tma_layout(a, b, problem, config, interpret)
+  a, b = tma_layout(a, b, problem, config, interpret)
   rows, cols = _out_extent(problem, config, interpret)
   if c is not None:
     c = pad_last2(c.astype(problem.out_dtype), rows, cols)

@@ -143,12 +143,14 @@ def _kernel(
     scalars_gmem,
     row_scale_gmem,
     col_scale_gmem,
+    b_up_gmem,
     out_gmem,
     *extra_refs,
     p: _Plan,
 ):
   extra_refs = iter(extra_refs)
   pre_gmem = next(extra_refs) if p.return_pre else None
+  up_pre_gmem = next(extra_refs) if p.return_pre and b_up_gmem is not None else None
   amax_gmem = next(extra_refs) if p.problem.amax else None
   sk = p.stream_k
   partials_gmem = next(extra_refs) if sk else None
@@ -163,7 +165,8 @@ def _kernel(
   pingpong = cfg.schedule == "pingpong"
   out_dtype = out_gmem.dtype
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
-  b_block = (tn, tk) if prob.transpose_b else (tk, tn)
+  b_cols = tn // 2 if b_up_gmem is not None else tn  # gated: gate and up tiles of tn/2
+  b_block = (b_cols, tk) if prob.transpose_b else (tk, b_cols)
   cm, cn = cfg.cluster
   a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
   b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
@@ -238,18 +241,22 @@ def _kernel(
           if prob.transpose_a:
             rows_a, cols_a = cols_a, rows_a
           rows_b, cols_b = pl.ds(k0, tk), pl.ds(ni * tn, tn)
+          if b_up_gmem is not None:  # gated: gate and up columns side by side
+            cols_b = pl.ds(ni * (tn // 2), tn // 2)
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
-          ring.fill(
-              step0 + k - kb,
-              (_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)),
-              (a_collective, b_collective),
-          )
+          views = [_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)]
+          collectives = [a_collective, b_collective]
+          if b_up_gmem is not None:
+            views.append(_at(b_up_gmem, batch_idx, rows_b, cols_b))
+            collectives.append(b_collective)
+          ring.fill(step0 + k - kb, views, collectives)
 
       ring.drain(for_each_unit(load_unit))
 
-    def operands(_, a_tile, b_tile):
-      """This warpgroup's WGMMA views of a ring stage's A and B tiles."""
+    def operands(_, a_tile, b_tile, b_up_tile=None):
+      """This warpgroup's WGMMA views of a ring stage's A and B tiles (gated: the
+      (A, gate B) and (A, up B) pairs)."""
       if prob.transpose_a:
         a_tile = _compat.transpose_2d(a_tile)
       elif not pingpong and cfg.wg_split == "m":
@@ -259,6 +266,10 @@ def _kernel(
           b_tile = b_tile.at[pl.ds(wg * wn, wn), :]
         else:
           b_tile = b_tile.at[:, pl.ds(wg * wn, wn)]
+      if b_up_tile is not None:
+        if prob.transpose_b:
+          b_tile, b_up_tile = _compat.transpose_2d(b_tile), _compat.transpose_2d(b_up_tile)
+        return (a_tile, b_tile), (a_tile, b_up_tile)
       if prob.transpose_b:
         b_tile = _compat.transpose_2d(b_tile)
       return a_tile, b_tile
@@ -310,6 +321,15 @@ def _kernel(
         pl.when(kb == 0)(stage_vectors)
       # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
       scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
+
+      if p.epilogue.gated:
+
+        @functools.partial(pl.run_scoped, acc=[plgpu.ACC((wm, wn // 2), jnp.float32)] * 2)
+        def _(acc):
+          ring.mma(tuple(acc), step0, kb, ke, operands)
+          _gated_epilogue(acc[0][...], acc[1][...], batch_idx, row0, col0)
+
+        return
 
       @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
       def _(acc):
@@ -464,6 +484,43 @@ def _kernel(
             )
         row_maxima.append(row_max)
 
+    def _gated_epilogue(gate, up, batch_idx, row0, col0):
+      """Epilogue of a gated warpgroup tile: the gate and up accumulators of output
+      columns col0/2 + [0, wn/2) (col0 counts both halves, as the bias does).
+      Each output chunk is act(gate + bias) * (up + bias); with `pre_gmem`, the two
+      pre-activations are stored first (what the backward reads)."""
+      if bias_smem is not None:
+        plgpu.barrier_wait(bias_loaded.at[wg])
+      half = wn // 2
+      per_chunk = 1 if pre_gmem is None else 3
+      in_flight = slots - 1 if (wm // em) * (half // en) * per_chunk % slots == 0 else 0
+      affine_spec = dataclasses.replace(p.epilogue, activation=None, gated=False)
+      store = 0
+      out_col0 = pl.multiple_of(lax.div(col0, 2), half)
+      for i in range(wm // em):
+        for j in range(half // en):
+          rows, cols = pl.ds(row0 + i * em, em), pl.ds(out_col0 + j * en, en)
+          pres = []
+          for offset, result in ((0, gate), (half, up)):
+            bias_tile = None
+            if bias_smem is not None:
+              bias_tile = lax.broadcast_in_dim(
+                  bias_smem[wg, pl.ds(offset + j * en, en)], (em, en), (1,)
+              )
+            acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
+            pres.append(epilogue_lib.affine(affine_spec, acc_chunk, bias=bias_tile))
+          values = [epilogue_lib.gated(p.epilogue, *pres)]
+          targets = [out_gmem]
+          if pre_gmem is not None:
+            values, targets = [*pres, *values], [pre_gmem, up_pre_gmem, out_gmem]
+          for value, target in zip(values, targets):
+            buf = out_smem.at[wg, store % slots]
+            plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+            buf[...] = value.astype(out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, _at(target, batch_idx, rows, cols))
+            store += 1
+
     def _row_abs_max(y, first_col):
       """max |y| along each row of an epilogue chunk, columns >= valid_n left out, as
       the int32 bits of the f32 result (bitcast back when stored).
@@ -485,7 +542,8 @@ def _kernel(
       scoped,
       ring_refs=pipeline.ring_scratch(
           cfg.stages,
-          [(a_block, a_gmem.dtype, p.a_transforms), (b_block, b_gmem.dtype, p.b_transforms)],
+          [(a_block, a_gmem.dtype, p.a_transforms)]
+          + [(b_block, b_gmem.dtype, p.b_transforms)] * (1 if b_up_gmem is None else 2),
           cluster=cfg.cluster_size > 1,
       ),
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
@@ -513,6 +571,31 @@ def _kernel(
       amax_smem=None if amax_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       collective_axes="wg",
   )
+
+
+def _check_gated(b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue):
+  """A gated launch's rules (see `hopper_gemm`'s `b_up`)."""
+  if (b_up is not None) != epilogue.gated:
+    raise ValueError("b_up and epilogue.gated go together (a gated GEMM needs both)")
+  if not epilogue.gated:
+    return
+  if b_up.shape != b.shape or b_up.dtype != b.dtype:
+    raise ValueError(f"b_up {b_up.shape} {b_up.dtype} must match b {b.shape} {b.dtype}")
+  extras = dict(c=c, row_bias=row_bias, residual=residual, scalars=scalars, row_scale=row_scale,
+                col_scale=col_scale)
+  present = [name for name, value in extras.items() if value is not None]
+  if present or problem.amax:
+    raise ValueError(f"a gated GEMM takes a bias only as an epilogue operand, got {present or ['amax']}")
+  tn = config.tile_n
+  if config.schedule == "cooperative" and config.wg_split != "m":
+    raise ValueError("GemmConfig.wg_split must be 'm' for a gated GEMM (each warpgroup needs both halves)")
+  if config.k_splits(problem)[0] > 1 or config.stream_k:
+    raise ValueError("a gated GEMM runs whole tiles: split_k=1 and stream_k=False")
+  if problem.n % tn or (tn // 2) % config.epilogue_shape[1]:
+    raise ValueError(
+        f"gated: problem.n={problem.n} must be a multiple of tile_n={tn}, and tile_n/2 of the "
+        f"epilogue tile's {config.epilogue_shape[1]} columns"
+    )
 
 
 def _use_approx_math(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> bool:
@@ -555,6 +638,7 @@ def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> s
   batch = f"{problem.batch}x" if problem.batch > 1 else ""
   act = f"_{epilogue.activation}" if epilogue.activation else ""
   act += f"_d{epilogue.residual_slope}" if epilogue.residual_slope else ""
+  act += "_glu" if epilogue.gated else ""
   return f"pallas_gemm_{batch}{problem.m}x{problem.n}x{problem.k}_{layout}{act}"
 
 
@@ -570,6 +654,7 @@ def hopper_gemm(
     row_scale=None,
     col_scale=None,
     valid_n=None,
+    b_up=None,
     problem: GemmProblem,
     config: GemmConfig,
     epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
@@ -593,6 +678,11 @@ def hopper_gemm(
     row_scale: f32 (m_tiles * tile_m,) zero-padded per-row multiplier, or None.
     col_scale: f32 (n_tiles * tile_n,) zero-padded per-column multiplier, or None.
     valid_n: with `problem.amax`, the output columns that count (default N).
+    b_up: with `epilogue.gated`, the up projection's weights, shaped like `b` (the
+      gate's). B tile j then holds gate columns [j, j+1) * tile_n/2 beside the same
+      up columns, and the output has `problem.n / 2` columns: `problem.n` counts
+      both halves and is a multiple of tile_n. With `return_pre`, (out, gate pre,
+      up pre). Not with split-K, stream-K, c, residual, row extras or scales.
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.
     interpret: None on hardware, or GPU interpret-mode params.
@@ -616,6 +706,7 @@ def hopper_gemm(
       row_scale=row_scale,
       col_scale=col_scale,
       valid_n=valid_n,
+      b_up=b_up,
       problem=problem,
       config=config,
       epilogue=epilogue,
@@ -648,6 +739,7 @@ def _launch(
     row_scale,
     col_scale,
     valid_n,
+    b_up,
     problem,
     config,
     epilogue,
@@ -656,6 +748,7 @@ def _launch(
     experiment,
 ):
   config.validate(problem)
+  _check_gated(b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue)
   if config.stream_k and interpret is not None:
     raise ValueError(
         "GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
@@ -700,8 +793,9 @@ def _launch(
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:
     lead = (plan.splits * problem.batch,)
-  out = jax.ShapeDtypeStruct((*lead, problem.m, problem.n), jnp.dtype(problem.out_dtype))
-  out_type = (out, out) if return_pre else (out,)
+  out_cols = problem.n // 2 if epilogue.gated else problem.n
+  out = jax.ShapeDtypeStruct((*lead, problem.m, out_cols), jnp.dtype(problem.out_dtype))
+  out_type = (out,) + ((out,) * (1 + epilogue.gated) if return_pre else ())
   extra_params = {}
   if problem.amax:
     cm, cn = config.cluster
@@ -726,7 +820,7 @@ def _launch(
       ),
       interpret=interpret,
   )
-  results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale)
+  results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale, b_up)
   if len(out_type) == 1:
     return results
   return results[:outputs] if outputs > 1 else results[0]

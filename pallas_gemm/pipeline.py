@@ -133,18 +133,23 @@ class Ring:
     """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (ring steps from step0).
 
     `operands(k, *stage_views)` returns the (a, b) WGMMA views of a loaded
-    stage. One WGMMA group stays in flight; a stage is released once the next
-    one's WGMMA is issued and its own has completed, the last after the loop.
-    Bounds may be Python ints or traced scalars (an empty range consumes nothing).
+    stage; with a tuple of accumulators, one (a, b) pair per accumulator (a
+    gated GEMM's gate and up halves). One stage's WGMMA groups stay in flight; a
+    stage is released once the next one's WGMMAs are issued and its own have
+    completed, the last after the loop. Bounds may be Python ints or traced
+    scalars (an empty range consumes nothing).
     """
+    accs = acc if isinstance(acc, tuple) else (acc,)
 
     @pl.loop(k_begin, k_end)
     def _(k):
       step = step0 + k - k_begin
       slot = self.slot(step)
       plgpu.barrier_wait(self.loaded.at[slot])
-      plgpu.wgmma(acc, *operands(k, *(buffer.at[slot] for buffer in self.buffers)))
-      plgpu.wgmma_wait(1)  # the previous stage's WGMMA is done: release it
+      pairs = operands(k, *(buffer.at[slot] for buffer in self.buffers))
+      for acc_ref, pair in zip(accs, pairs if isinstance(acc, tuple) else (pairs,), strict=True):
+        plgpu.wgmma(acc_ref, *pair)
+      plgpu.wgmma_wait(len(accs))  # the previous stage's WGMMAs are done: release it
 
       @pl.when(k > k_begin)
       def _():

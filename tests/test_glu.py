@@ -1,0 +1,195 @@
+"""`pallas_gemm.gated_linear_unit` and the gated GEMM under it: outputs and gradients
+against jax.vjp of a float64 reference on XLA and on the kernel in GPU interpret mode,
+at shapes that are not multiples of a tile; the CUDA lowering (one kernel forward, what
+is saved for the backward); bad input."""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import _compat
+from pallas_gemm import compile_once
+from pallas_gemm import glu
+from pallas_gemm.config import GemmConfig, GemmProblem
+from tests.interpret_support import hang_guard  # noqa: F401
+
+F64 = {
+    "relu": lambda z: jnp.maximum(z, 0.0),
+    "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+    "gelu_exact": lambda z: jax.nn.gelu(z, approximate=False),
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+}
+TOLERANCE = {"bfloat16": 2e-2, "float16": 3e-3}
+
+
+def _arrays(shape_x, k, n, dtype, *, biases=True, seed=0):
+  rng = np.random.default_rng(zlib.crc32(repr((shape_x, k, n, dtype, seed)).encode()))
+  normal = lambda shape, scale=1.0: jnp.asarray(
+      (scale * rng.standard_normal(shape)).astype(np.float32)
+  ).astype(dtype)
+  return dict(
+      x=normal((*shape_x, k)),
+      w_gate=normal((k, n), k**-0.5),
+      w_up=normal((k, n), k**-0.5),
+      bias_gate=normal((n,), 0.5) if biases else None,
+      bias_up=normal((n,), 0.5) if biases else None,
+  )
+
+
+def _reference(activation, x, w_gate, w_up, bias_gate, bias_up):
+  gate = x @ w_gate + (0.0 if bias_gate is None else bias_gate)
+  up = x @ w_up + (0.0 if bias_up is None else bias_up)
+  return F64[activation](gate) * up
+
+
+def _rel(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _check(args, activation, implementation, config=None):
+  names = [k for k, v in args.items() if v is not None]
+  dtype = args["x"].dtype
+  shape = (*args["x"].shape[:-1], args["w_gate"].shape[1])
+  cot = jnp.asarray(np.random.default_rng(7).standard_normal(shape).astype(np.float32))
+  cot = cot.astype(dtype)
+
+  def ours(*vals):
+    kw = dict(zip(names, vals))
+    return glu.gated_linear_unit(
+        activation=activation, implementation=implementation, config=config, **kw
+    )
+
+  y, vjp = jax.vjp(ours, *(args[k] for k in names))
+  grads = vjp(cot)
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(args[k], np.float64)) for k in names]
+    ref_fn = lambda *vals: _reference(
+        activation, **{**dict.fromkeys(args), **dict(zip(names, vals))}
+    )
+    y_ref, vjp_ref = jax.vjp(ref_fn, *f64)
+    grads_ref = vjp_ref(jnp.asarray(np.asarray(cot, np.float64)))
+  assert y.dtype == dtype and y.shape == shape
+  assert not np.isnan(np.asarray(y, np.float32)).any()
+  assert _rel(y, y_ref) < TOLERANCE[dtype.name], "output"
+  for name, got, want in zip(names, grads, grads_ref):
+    assert got.dtype == args[name].dtype and got.shape == args[name].shape, name
+    assert _rel(got, want) < TOLERANCE[dtype.name], name
+
+
+@pytest.mark.parametrize("activation", sorted(F64))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
+  _check(_arrays((3, 7), 24, 40, jnp.dtype(dtype)), activation, "xla")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,  # the default, made gated-ready
+        GemmConfig(tile_m=128, tile_n=128, tile_k=64, stages=2, epilogue_tile=(64, 32)),
+        GemmConfig(tile_m=64, tile_n=256, tile_k=64, stages=4, schedule="pingpong"),
+    ],
+    ids=["default", "tile_n128", "pingpong"],
+)
+def test_the_kernel_matches_float64_in_interpret_mode(config):
+  # 200 rows, K=136, N=200: no dimension a multiple of a tile; output poisoned (NaN fill).
+  _check(_arrays((200,), 136, 200, jnp.dtype(jnp.bfloat16)), "silu", "interpret", config)
+
+
+@pytest.mark.parametrize("activation", ["gelu_exact", "relu"])
+def test_without_biases_in_interpret_mode(activation):
+  args = _arrays((2, 70), 64, 136, jnp.dtype(jnp.float16), biases=False)
+  _check(args, activation, "interpret")
+
+
+def test_stacked_weights_and_leading_dims():
+  args = _arrays((2, 3), 16, 24, jnp.dtype(jnp.bfloat16), biases=False)
+  stacked = jnp.stack([args["w_gate"], args["w_up"]], axis=1)
+  a = glu.gated_linear_unit(args["x"], stacked, implementation="xla")
+  b = glu.gated_linear_unit(args["x"], args["w_gate"], args["w_up"], implementation="xla")
+  assert a.shape == (2, 3, 24)
+  np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def _lowered(f, *shapes):
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+  return jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+
+
+def test_the_forward_is_one_kernel_and_saves_two_arrays():
+  """Lowered for CUDA on the CPU: one Mosaic kernel forward (writing y alone when not
+  differentiated), and the backward keeps the two pre-activations and nothing else."""
+  shapes = ((512, 256), (256, 1024), (256, 1024))
+  f = lambda x, wg, wu: glu.gated_linear_unit(x, wg, wu, implementation="pallas")
+  text = _lowered(f, *shapes)
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
+  assert len(calls) == 1 and calls[0].rsplit("->", 1)[1].count("tensor<") == 1
+  assert "_glu" in text
+  loss = lambda *a: f(*a).astype(jnp.float32).sum()
+  text = _lowered(jax.grad(loss, argnums=(0, 1, 2)), *shapes)
+  # Distinct kernels: forward (y, gate, up), dx's two GEMMs (the second adds the first),
+  # and one for dw_gate and dw_up (the same problem).
+  assert compile_once.module_kernel_count(text) == 4
+  args = [jnp.zeros(s, jnp.bfloat16) for s in shapes]
+  saved = [
+      aval.shape for aval, source in _compat.saved_residuals(f, *args) if "argument" not in source
+  ]
+  assert saved == [(512, 1024)] * 2
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(tile_m=128, tile_n=256, cluster=(2, 1)),
+        GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", stages=4),
+    ],
+    ids=["cluster", "pingpong"],
+)
+def test_gated_configs_lower(config):
+  f = lambda x, wg, wu: glu.gated_gemm(
+      x, wg, wu, None, None, activation="silu", out_dtype="bfloat16", implementation="pallas",
+      config=config, return_pre=True
+  )
+  text = _lowered(f, (1000, 520), (520, 1544), (520, 1544))
+  assert compile_once.module_kernel_count(text) == 1
+
+
+def test_gated_config_is_ready_for_the_kernel():
+  for m, n, k in ((1, 14336, 4096), (64, 256, 4096), (16384, 28672, 8192)):
+    cfg = glu.gated_config(GemmProblem(m=m, n=2 * n, k=k))
+    cfg.validate(GemmProblem(m=m, n=2 * n, k=k))
+    assert cfg.wg_split == "m" or cfg.schedule == "pingpong"
+    assert cfg.split_k == 1 and not cfg.stream_k and cfg.tile_n >= 128
+
+
+def test_bad_input_names_the_argument():
+  x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"w_gate must be \(K, 2, N\)"):
+    glu.gated_linear_unit(x, w)
+  with pytest.raises(ValueError, match="w_gate, w_up"):
+    glu.gated_linear_unit(x, w, jnp.ones((8, 8)))
+  with pytest.raises(ValueError, match="must equal w_gate's K=8"):
+    glu.gated_linear_unit(jnp.ones((4, 9)), w, w)
+  with pytest.raises(ValueError, match=r"bias_up must have shape \(N,\) = \(16,\)"):
+    glu.gated_linear_unit(x, w, w, bias_up=jnp.ones(8))
+  with pytest.raises(ValueError, match="activation must be None, one of"):
+    glu.gated_linear_unit(x, w, w, activation="tanh")
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    glu.gated_linear_unit(x, w, w, implementation="cuda")
+  with pytest.raises(ValueError, match="wg_split must be 'm'"):
+    glu.gated_gemm(
+        x, w, w, None, None, activation="silu", out_dtype="bfloat16", implementation="pallas",
+        config=GemmConfig(wg_split="n"),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_on_the_gpu_against_float64(activation):
+  # 1000 tokens, K=520, N=1544: edge tiles in every GEMM of the forward and backward.
+  _check(_arrays((4, 250), 520, 1544, jnp.dtype(jnp.bfloat16)), activation, "pallas")
