@@ -47,10 +47,10 @@ def units(implementation):
           x, wg, wu, activation="silu", implementation=implementation
       ),
       "xla": lambda x, wg, wu: jax.nn.silu(x @ wg) * (x @ wu),
-      "pallas_plain": lambda x, wg, wu: matmul(
-          x, wg, activation="silu", implementation=implementation
-      )
-      * matmul(x, wu, implementation=implementation),
+      "pallas_plain": (
+          lambda x, wg, wu: matmul(x, wg, activation="silu", implementation=implementation)
+          * matmul(x, wu, implementation=implementation)
+      ),
   }
 
 
@@ -112,8 +112,10 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
         outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)
         errors = [rel_err(o, r) for o, r in zip(outs, ref)]
-        log(f"{case:28s} {name:13s} rel. errors vs f32 (y, dx, dw_gate, dw_up): "
-            + " ".join(f"{e:.1e}" for e in errors))
+        log(
+            f"{case:28s} {name:13s} rel. errors vs f32 (y, dx, dw_gate, dw_up): "
+            + " ".join(f"{e:.1e}" for e in errors)
+        )
         if max(errors) > 2e-2:
           raise SystemExit(f"{case} {name}: error {max(errors):.1e} too large")
       samples = {name: [] for name in steps}
@@ -122,13 +124,23 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
           samples[name] += timer(f, args, iterations)
       for name, times in samples.items():
         med = statistics.median(times)
-        row = dict(case=case, mode=mode, m=m, n=n, k=k, contender=name, median_ms=med,
-                   tflops=flops / (med * 1e-3) / 1e12)
+        row = dict(
+            case=case,
+            mode=mode,
+            m=m,
+            n=n,
+            k=k,
+            contender=name,
+            median_ms=med,
+            tflops=flops / (med * 1e-3) / 1e12,
+        )
         if mode == "fwd+bwd":
           row["saved_mb"] = saved_mb(units(implementation)[name], args[:3])
         rows.append(row)
-        log(f"{case:28s} {name:13s} {med:9.3f} ms {row['tflops']:7.1f} TFLOP/s"
-            + (f"  saved {row['saved_mb']:.0f} MB" if "saved_mb" in row else ""))
+        log(
+            f"{case:28s} {name:13s} {med:9.3f} ms {row['tflops']:7.1f} TFLOP/s"
+            + (f"  saved {row['saved_mb']:.0f} MB" if "saved_mb" in row else "")
+        )
   return rows
 
 
@@ -138,7 +150,8 @@ def format_table(rows) -> str:
     by_case.setdefault(row["case"], {})[row["contender"]] = row
   names = list(units(None))
   lines = [
-      "| case | " + " | ".join(f"{n} ms (TFLOP/s)" for n in names)
+      "| case | "
+      + " | ".join(f"{n} ms (TFLOP/s)" for n in names)
       + " | xla / pallas_gemm (target) | saved MB ours / xla |",
       "|---" * (3 + len(names)) + "|",
   ]
@@ -149,8 +162,11 @@ def format_table(rows) -> str:
     saved = "-"
     if "saved_mb" in cont["xla"]:
       saved = f"{cont['pallas_gemm']['saved_mb']:.0f} / {cont['xla']['saved_mb']:.0f}"
-    lines.append(f"| {case} | " + " | ".join(cells)
-                 + f" | {ratio:.3f} ({goal}, {'met' if ratio >= goal else 'MISSED'}) | {saved} |")
+    lines.append(
+        f"| {case} | "
+        + " | ".join(cells)
+        + f" | {ratio:.3f} ({goal}, {'met' if ratio >= goal else 'MISSED'}) | {saved} |"
+    )
   return "\n".join(lines)
 
 
@@ -159,8 +175,11 @@ def main(argv=None):
   parser.add_argument("--shapes", default=None, help=f"MxNxK list (default {SHAPES})")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
-  parser.add_argument("--cpu-smoke", action="store_true",
-                      help=f"no GPU needed: {SMOKE_SHAPES}, XLA implementation, wall clock")
+  parser.add_argument(
+      "--cpu-smoke",
+      action="store_true",
+      help=f"no GPU needed: {SMOKE_SHAPES}, XLA implementation, wall clock",
+  )
   parser.add_argument("--out", default=None, help="folder for glu.json")
   args = parser.parse_args(argv)
   gpu = jax.default_backend() == "gpu"
@@ -172,8 +191,13 @@ def main(argv=None):
     shapes, implementation, timer = parse_shapes(args.shapes or SHAPES), None, cupti_times_ms
   env = environment()
   print(json.dumps(env))
-  rows = run(shapes, implementation=implementation, rounds=args.rounds,
-             iterations=args.iterations, timer=timer)
+  rows = run(
+      shapes,
+      implementation=implementation,
+      rounds=args.rounds,
+      iterations=args.iterations,
+      timer=timer,
+  )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "glu.json"), "w") as f:

@@ -11,7 +11,9 @@ their projections run:
               epilogue, and the residual add of the attention output and of
               the MLP down-projection in the epilogue too; the GPT MLP as one
               `pallas_gemm.mlp` (`flax.mlp_of`), whose backward applies the
-              GELU derivative in a GEMM's epilogue.
+              GELU derivative in a GEMM's epilogue; the Llama MLP's gate and
+              up projections as one `pallas_gemm.gated_linear_unit`
+              (`flax.gated_mlp_of`).
 
 "gpt": LayerNorm, multi-head attention (`jax.nn.dot_product_attention`), GELU
 MLP with biases, untied head. "llama": RMSNorm, grouped-query attention with
@@ -215,6 +217,10 @@ class Block(nnx.Module):
     h = self.norm2(x)
     if s.arch == "gpt" and self.up.variant == "fused":  # the MLP's backward fused too
       return pallas_gemm.flax.mlp_of(self.up.linear, self.down.linear, h, residual=x)
+    if self.up.variant == "fused":  # llama: gate and up in one GEMM
+      return pallas_gemm.flax.gated_mlp_of(
+          self.gate.linear, self.up.linear, self.down.linear, h, residual=x, activation="silu"
+      )
     if s.arch == "gpt":
       m = self.up(h)
     else:

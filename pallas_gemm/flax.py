@@ -24,6 +24,8 @@ back to `lax.dot_general`.
 
 `MLP` is two `Linear` layers (`up` with the activation, `down`) run as one
 `pallas_gemm.mlp`, whose backward fuses the activation's derivative into a GEMM.
+`GatedMLP` is a Llama MLP (`gate_proj`, `up_proj`, `down_proj`), its gate and up
+projections one `pallas_gemm.gated_linear_unit`.
 
 `Fp8Linear` is the fp8 counterpart of `Linear` (same parameters), with
 delayed scaling state as non-parameter variables (`Fp8Meta`).
@@ -43,6 +45,7 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
+from pallas_gemm.glu import gated_linear_unit
 from pallas_gemm.mlp import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
@@ -144,6 +147,74 @@ def mlp_of(up: Linear, down: Linear, inputs, *, residual=None):
       residual=residual,
       implementation=up.implementation,
   )
+
+
+class GatedMLP(nnx.Module):
+  """`down_proj(act(gate_proj(x)) * up_proj(x)) + residual` (SwiGLU with "silu", GeGLU
+  with "gelu"): the gate and up projections as one `pallas_gemm.gated_linear_unit`
+  (x read once, the two projections never written), the residual in the down
+  projection's epilogue.
+
+  Parameters are three `Linear` layers named as in Hugging Face's Llama ports
+  (`gate_proj`, `up_proj`: in -> hidden; `down_proj`: hidden -> out), each with a
+  `kernel` of shape (in, out) and, with `use_bias=True`, a `bias`.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> block = GatedMLP(8, 32, use_bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  >>> block(jnp.ones((2, 8))).shape, block.gate_proj.kernel.shape, block.down_proj.kernel.shape
+  ((2, 8), (8, 32), (32, 8))
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      hidden_features: int,
+      out_features: int | None = None,
+      *,
+      activation="silu",
+      implementation: str | None = None,
+      **kwargs,
+  ):
+    self.activation = epilogue_lib.activation_name(activation)
+    out_features = in_features if out_features is None else out_features
+    layer = lambda din, dout: Linear(din, dout, implementation=implementation, **kwargs)
+    self.gate_proj = layer(in_features, hidden_features)
+    self.up_proj = layer(in_features, hidden_features)
+    self.down_proj = layer(hidden_features, out_features)
+
+  def __call__(self, inputs, *, residual=None):
+    return gated_mlp_of(
+        self.gate_proj,
+        self.up_proj,
+        self.down_proj,
+        inputs,
+        residual=residual,
+        activation=self.activation,
+    )
+
+
+def gated_mlp_of(
+    gate: Linear, up: Linear, down: Linear, inputs, *, residual=None, activation="silu"
+):
+  """`down(act(gate(inputs)) * up(inputs)) + residual` for three `Linear` layers, the
+  first two as one `pallas_gemm.gated_linear_unit`: what `GatedMLP` runs, for models
+  that keep their own layers (their `activation`s are not used: pass the gate's here)."""
+  b_gate = gate.bias[...] if gate.bias is not None else None
+  b_up = up.bias[...] if up.bias is not None else None
+  inputs, w_gate, w_up = gate.promote_dtype(
+      (inputs, gate.kernel[...], up.kernel[...]), dtype=gate.dtype
+  )
+  hidden = gated_linear_unit(
+      inputs,
+      w_gate,
+      w_up,
+      activation=activation,
+      bias_gate=b_gate,
+      bias_up=b_up,
+      implementation=gate.implementation,
+  )
+  return down(hidden, residual=residual)
 
 
 class Dense(linen.Dense):

@@ -179,16 +179,16 @@ def gated_gemm(
   if implementation == "xla":
     pres = [
         epilogue_lib.affine(
-            spec, jnp.matmul(x, w, preferred_element_type=jnp.float32), bias=None if b is None else b
+            spec,
+            jnp.matmul(x, w, preferred_element_type=jnp.float32),
+            bias=None if b is None else b,
         )
         for w, b in ((w_gate, bias_gate), (w_up, bias_up))
     ]
     y = epilogue_lib.gated(spec, *pres).astype(out_dtype)
     return (y, *(p.astype(out_dtype) for p in pres)) if return_pre else y
   interpret = implementation == "interpret"
-  virtual = GemmProblem(
-      m=m, n=2 * n, k=k, dtype=x.dtype.name, out_dtype=out_dtype, has_bias=True
-  )
+  virtual = GemmProblem(m=m, n=2 * n, k=k, dtype=x.dtype.name, out_dtype=out_dtype, has_bias=True)
   cfg = gated_config(virtual, config)
   half = cfg.tile_n // 2
   n_tiles = tiles(n, half)
@@ -211,9 +211,7 @@ def gated_gemm(
         for b in (bias_gate, bias_up)
     ]
     bias = jnp.stack([h.reshape(n_tiles, half) for h in halves], axis=1).reshape(-1)
-  problem = dataclasses.replace(
-      virtual, m=rows, n=n_tiles * cfg.tile_n, has_bias=bias is not None
-  )
+  problem = dataclasses.replace(virtual, m=rows, n=n_tiles * cfg.tile_n, has_bias=bias is not None)
   outs = hopper_gemm(
       x,
       w_gate,
@@ -260,7 +258,9 @@ class _BiasDtypes:
 
 def _fwd(static, x, w_gate, w_up, bias_gate, bias_up):
   y, gate, up = _forward(static, x, w_gate, w_up, bias_gate, bias_up, return_pre=True)
-  dtypes = _BiasDtypes(*(None if b is None else jnp.dtype(b.dtype).name for b in (bias_gate, bias_up)))
+  dtypes = _BiasDtypes(
+      *(None if b is None else jnp.dtype(b.dtype).name for b in (bias_gate, bias_up))
+  )
   return y, (x, w_gate, w_up, gate, up, dtypes)
 
 
@@ -282,10 +282,15 @@ def _bwd(static, saved, g):
   x, w_gate, w_up, gate, up, dtypes = saved
   dtype = static.dtype
   d_gate, d_up = gate_cotangents(static.activation, g, gate, up, dtype)
-  return (*input_grads(static.implementation, dtype, x, w_gate, w_up, d_gate, d_up), *(
-      None if to is None else autodiff.column_sums(GemmCall(dtype, static.implementation), d).astype(to)
-      for d, to in ((d_gate, dtypes.gate), (d_up, dtypes.up))
-  ))
+  return (
+      *input_grads(static.implementation, dtype, x, w_gate, w_up, d_gate, d_up),
+      *(
+          None
+          if to is None
+          else autodiff.column_sums(GemmCall(dtype, static.implementation), d).astype(to)
+          for d, to in ((d_gate, dtypes.gate), (d_up, dtypes.up))
+      ),
+  )
 
 
 def input_grads(implementation, dtype, x, w_gate, w_up, d_gate, d_up):

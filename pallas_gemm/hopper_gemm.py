@@ -573,7 +573,9 @@ def _kernel(
   )
 
 
-def _check_gated(b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue):
+def _check_gated(
+    b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue
+):
   """A gated launch's rules (see `hopper_gemm`'s `b_up`)."""
   if (b_up is not None) != epilogue.gated:
     raise ValueError("b_up and epilogue.gated go together (a gated GEMM needs both)")
@@ -581,14 +583,24 @@ def _check_gated(b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_s
     return
   if b_up.shape != b.shape or b_up.dtype != b.dtype:
     raise ValueError(f"b_up {b_up.shape} {b_up.dtype} must match b {b.shape} {b.dtype}")
-  extras = dict(c=c, row_bias=row_bias, residual=residual, scalars=scalars, row_scale=row_scale,
-                col_scale=col_scale)
+  extras = dict(
+      c=c,
+      row_bias=row_bias,
+      residual=residual,
+      scalars=scalars,
+      row_scale=row_scale,
+      col_scale=col_scale,
+  )
   present = [name for name, value in extras.items() if value is not None]
   if present or problem.amax:
-    raise ValueError(f"a gated GEMM takes a bias only as an epilogue operand, got {present or ['amax']}")
+    raise ValueError(
+        f"a gated GEMM takes a bias only as an epilogue operand, got {present or ['amax']}"
+    )
   tn = config.tile_n
   if config.schedule == "cooperative" and config.wg_split != "m":
-    raise ValueError("GemmConfig.wg_split must be 'm' for a gated GEMM (each warpgroup needs both halves)")
+    raise ValueError(
+        "GemmConfig.wg_split must be 'm' for a gated GEMM (each warpgroup needs both halves)"
+    )
   if config.k_splits(problem)[0] > 1 or config.stream_k:
     raise ValueError("a gated GEMM runs whole tiles: split_k=1 and stream_k=False")
   if problem.n % tn or (tn // 2) % config.epilogue_shape[1]:
@@ -748,7 +760,9 @@ def _launch(
     experiment,
 ):
   config.validate(problem)
-  _check_gated(b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue)
+  _check_gated(
+      b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue
+  )
   if config.stream_k and interpret is not None:
     raise ValueError(
         "GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "

@@ -206,3 +206,43 @@ def test_example_trains_an_mlp(capsys):
       == 0
   )
   assert "loss went down for both: True" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+def test_gated_mlp_matches_three_flax_linears(implementation):
+  """`GatedMLP` against `down(silu(gate(x)) * up(x)) + x` of three `nnx.Linear`s with
+  the same parameters: outputs and gradients; parameter names as in Llama ports."""
+  kw = dict(use_bias=False, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  ours = pflax.GatedMLP(32, 136, implementation=implementation, rngs=nnx.Rngs(3), **kw)
+  ref = {
+      name: nnx.Linear(*getattr(ours, name).kernel.shape, rngs=nnx.Rngs(0), **kw)
+      for name in ("gate_proj", "up_proj", "down_proj")
+  }
+  for name, layer in ref.items():
+    layer.kernel[...] = getattr(ours, name).kernel[...]
+  names = {path for path, _ in jax.tree_util.tree_flatten_with_path(nnx.state(ours, nnx.Param))[0]}
+  assert {tuple(str(getattr(k, "key", k)) for k in path[:2]) for path in names} == {
+      (name, "kernel") for name in ("gate_proj", "up_proj", "down_proj")
+  }
+  x = _x((2, 70, 32)).astype(jnp.bfloat16)
+
+  def ours_loss(model, x):
+    return model(x, residual=x).astype(jnp.float32).sum()
+
+  def ref_loss(layers, x):
+    h = jax.nn.silu(layers["gate_proj"](x)) * layers["up_proj"](x)
+    return (layers["down_proj"](h) + x).astype(jnp.float32).sum()
+
+  y = ours(x, residual=x)
+  y_ref = ref["down_proj"](jax.nn.silu(ref["gate_proj"](x)) * ref["up_proj"](x)) + x
+  assert y.dtype == jnp.bfloat16 and _rel_err(y, y_ref) < 2e-2
+  grads = nnx.grad(ours_loss)(ours, x)
+  grads_ref = nnx.grad(ref_loss)(ref, x)
+  for name in ref:
+    got, want = getattr(grads, name).kernel[...], grads_ref[name].kernel[...]
+    assert got.shape == want.shape and _rel_err(got, want) < 3e-2, name
+
+
+def test_gated_mlp_rejects_an_activation_the_epilogue_lacks():
+  with pytest.raises(ValueError, match="activation must be None, one of"):
+    pflax.GatedMLP(8, 16, activation=jnp.tanh, rngs=nnx.Rngs(0))

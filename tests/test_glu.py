@@ -152,8 +152,16 @@ def test_the_forward_is_one_kernel_and_saves_two_arrays():
 )
 def test_gated_configs_lower(config):
   f = lambda x, wg, wu: glu.gated_gemm(
-      x, wg, wu, None, None, activation="silu", out_dtype="bfloat16", implementation="pallas",
-      config=config, return_pre=True
+      x,
+      wg,
+      wu,
+      None,
+      None,
+      activation="silu",
+      out_dtype="bfloat16",
+      implementation="pallas",
+      config=config,
+      return_pre=True,
   )
   text = _lowered(f, (1000, 520), (520, 1544), (520, 1544))
   assert compile_once.module_kernel_count(text) == 1
@@ -183,7 +191,14 @@ def test_bad_input_names_the_argument():
     glu.gated_linear_unit(x, w, w, implementation="cuda")
   with pytest.raises(ValueError, match="wg_split must be 'm'"):
     glu.gated_gemm(
-        x, w, w, None, None, activation="silu", out_dtype="bfloat16", implementation="pallas",
+        x,
+        w,
+        w,
+        None,
+        None,
+        activation="silu",
+        out_dtype="bfloat16",
+        implementation="pallas",
         config=GemmConfig(wg_split="n"),
     )
 
