@@ -13,7 +13,7 @@ from pallas_gemm.autodiff import matmul
 from pallas_gemm.tuner import autotune
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
-from pallas_gemm.glu import gated_linear_unit
+from pallas_gemm.glu import gated_linear_unit, gated_mlp
 from pallas_gemm.grouped import ragged_dot
 from pallas_gemm.mlp import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
@@ -33,6 +33,7 @@ __all__ = [
     "dot_general",
     "fp8_linear",
     "gated_linear_unit",
+    "gated_mlp",
     "lookup_config",
     "make_dot_general",
     "matmul",

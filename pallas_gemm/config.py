@@ -56,6 +56,9 @@ class GemmProblem:
   has_row_bias: bool = False
   residual_dtype: str | None = None
   """dtype of the residual added after the activation; None: no residual."""
+  residual_operands: int = 1
+  """Residual arrays the epilogue loads per chunk: 2 for a gated unit's backward
+  (its gate and up pre-activations, `EpilogueSpec.gated_slope`)."""
   has_scales: bool = False
   """Runtime scalars (accumulator and output scale) read from device memory."""
   has_row_scale: bool = False
@@ -219,7 +222,9 @@ class GemmConfig:
         (slots, problem.out_dtype),
         ((2, wn), "float32") if problem.has_bias else None,
         ((2, wm), "float32") if problem.has_row_bias else None,
-        (slots, problem.residual_dtype) if problem.residual_dtype else None,
+        ((*slots[:2], problem.residual_operands, em, en), problem.residual_dtype)
+        if problem.residual_dtype
+        else None,
         ((2, wn), "float32") if problem.has_col_scale else None,
         ((2, wm), "float32") if problem.has_row_scale else None,
         ((2, wm), "float32") if problem.amax else None,

@@ -195,8 +195,13 @@ class EpilogueSpec:
   """A gated linear unit: the accumulator holds gate and up columns side by side,
   and the result is act(gate pre) * (up pre) (`gated`); `activation` is the gate's."""
 
+  gated_slope: str | None = None
+  """An activation name: the residual operands are a gated unit's (gate, up)
+  pre-activations and the result is the cotangent of the gate's, y * up * act'(gate)
+  (`finish`); the kernel's second output is the up's, y * act(gate) (`up_cotangent`)."""
+
   def __post_init__(self):
-    for name in ("activation", "residual_slope"):
+    for name in ("activation", "residual_slope", "gated_slope"):
       value = getattr(self, name)
       if value is not None and value not in ACTIVATIONS:
         raise ValueError(f"{name} must be None or one of {sorted(ACTIVATIONS)}, got {value!r}")
@@ -263,7 +268,10 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   y = pre.astype(jnp.float32)
   if spec.activation is not None:
     y = ACTIVATIONS[spec.activation](y)
-  if residual is not None and spec.residual_slope is not None:
+  if spec.gated_slope is not None:
+    gate, up = (r.astype(jnp.float32) for r in residual)
+    y = y * up * ACTIVATION_SLOPES[spec.gated_slope](gate)
+  elif residual is not None and spec.residual_slope is not None:
     y = y * ACTIVATION_SLOPES[spec.residual_slope](residual.astype(jnp.float32))
   elif residual is not None:
     y = y + residual.astype(jnp.float32)
@@ -272,6 +280,17 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   if spec.clamp_hi is not None:
     y = jnp.minimum(y, jnp.float32(spec.clamp_hi))
   return y
+
+
+def up_cotangent(spec: EpilogueSpec, y, *, gate):
+  """With `gated_slope`: the up pre-activation's cotangent, y * act(gate), in f32.
+
+  >>> import jax.numpy as jnp
+  >>> up_cotangent(EpilogueSpec(gated_slope="relu"), jnp.array([[2.0, 2.0]]),
+  ...              gate=jnp.array([[3.0, -1.0]]))
+  Array([[6., 0.]], dtype=float32)
+  """
+  return y.astype(jnp.float32) * ACTIVATIONS[spec.gated_slope](gate.astype(jnp.float32))
 
 
 def gated(spec: EpilogueSpec, gate_pre, up_pre):

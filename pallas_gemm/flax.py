@@ -45,7 +45,7 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
-from pallas_gemm.glu import gated_linear_unit
+from pallas_gemm.glu import gated_mlp
 from pallas_gemm.mlp import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
@@ -151,9 +151,10 @@ def mlp_of(up: Linear, down: Linear, inputs, *, residual=None):
 
 class GatedMLP(nnx.Module):
   """`down_proj(act(gate_proj(x)) * up_proj(x)) + residual` (SwiGLU with "silu", GeGLU
-  with "gelu"): the gate and up projections as one `pallas_gemm.gated_linear_unit`
-  (x read once, the two projections never written), the residual in the down
-  projection's epilogue.
+  with "gelu") as one `pallas_gemm.glu.gated_mlp`: the gate and up projections in one
+  GEMM (x read once, the two projections never written), the residual in the down
+  projection's epilogue, and the backward's gate/up cotangents in the epilogue of the
+  GEMM that makes the hidden cotangent.
 
   Parameters are three `Linear` layers named as in Hugging Face's Llama ports
   (`gate_proj`, `up_proj`: in -> hidden; `down_proj`: hidden -> out), each with a
@@ -197,24 +198,26 @@ class GatedMLP(nnx.Module):
 def gated_mlp_of(
     gate: Linear, up: Linear, down: Linear, inputs, *, residual=None, activation="silu"
 ):
-  """`down(act(gate(inputs)) * up(inputs)) + residual` for three `Linear` layers, the
-  first two as one `pallas_gemm.gated_linear_unit`: what `GatedMLP` runs, for models
-  that keep their own layers (their `activation`s are not used: pass the gate's here)."""
-  b_gate = gate.bias[...] if gate.bias is not None else None
-  b_up = up.bias[...] if up.bias is not None else None
-  inputs, w_gate, w_up = gate.promote_dtype(
-      (inputs, gate.kernel[...], up.kernel[...]), dtype=gate.dtype
+  """`down(act(gate(inputs)) * up(inputs)) + residual` for three `Linear` layers as one
+  `pallas_gemm.glu.gated_mlp` (gate and up in one GEMM; the backward's elementwise
+  pass in the down projection's dH GEMM): what `GatedMLP` runs, for models that keep
+  their own layers (their `activation`s are not used: pass the gate's here)."""
+  bias = lambda layer: layer.bias[...] if layer.bias is not None else None
+  inputs, w_gate, w_up, w_down = gate.promote_dtype(
+      (inputs, gate.kernel[...], up.kernel[...], down.kernel[...]), dtype=gate.dtype
   )
-  hidden = gated_linear_unit(
+  return gated_mlp(
       inputs,
       w_gate,
       w_up,
+      w_down,
       activation=activation,
-      bias_gate=b_gate,
-      bias_up=b_up,
+      bias_gate=bias(gate),
+      bias_up=bias(up),
+      bias_down=bias(down),
+      residual=residual,
       implementation=gate.implementation,
   )
-  return down(hidden, residual=residual)
 
 
 class Dense(linen.Dense):

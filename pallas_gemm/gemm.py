@@ -43,6 +43,7 @@ from pallas_gemm.config import (
     KERNEL_OUTPUT_DTYPES,
     GemmConfig,
     GemmProblem,
+    fit_stages,
 )
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.tuner import resolve_config
@@ -136,7 +137,7 @@ def gemm(
   activation = epilogue_lib.activation_name(activation)
   a, b = jnp.asarray(a), jnp.asarray(b)
   problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
-  problem = _check_extras(problem, batch_shape, row_bias, residual)
+  problem = check_extras(problem, batch_shape, row_bias, residual)
   spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
   if residual_slope is not None:
     if residual is None:
@@ -250,7 +251,7 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   return problem, batch_shape
 
 
-def _check_extras(problem, batch_shape, row_bias, residual):
+def check_extras(problem, batch_shape, row_bias, residual):
   """Checks row_bias and residual; returns the problem with them recorded."""
   m, n = problem.m, problem.n
   if row_bias is not None and jnp.shape(row_bias) != (m,):
@@ -529,11 +530,14 @@ def kernel_gemm(
     col_scale=None,
     amax=False,
     return_pre=False,
+    residual_up=None,
 ):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
   scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
-  before fp8 output scaling with `amax`."""
+  before fp8 output scaling with `amax`. `residual_up` (2-D, with
+  `spec.gated_slope` and `return_pre`): a gated unit's up pre-activation beside
+  `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
     raise TypeError(
         f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
@@ -547,6 +551,8 @@ def kernel_gemm(
       has_col_scale=col_scale is not None,
       amax=bool(amax),
   )
+  if residual_up is not None:
+    problem = dataclasses.replace(problem, residual_operands=2)
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
@@ -577,6 +583,8 @@ def kernel_gemm(
   if interpret:
     config = interpret_config(config, problem)
   config = config or default_config(problem)
+  if spec.gated_slope is not None:  # the two-output epilogue runs in the kernel only
+    config = fit_stages(dataclasses.replace(config, split_k=1), problem, config.stages)
   config.validate(problem)
   splits = config.k_splits(problem)[0]
   if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
@@ -609,6 +617,8 @@ def kernel_gemm(
     col_scale = pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
   if residual is not None:
     residual = pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
+  if residual_up is not None:
+    residual_up = pad_last2(residual_up, rows, _residual_cols(residual_up.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
       a,
@@ -621,6 +631,7 @@ def kernel_gemm(
       row_scale=row_scale,
       col_scale=col_scale,
       valid_n=n,
+      residual_up=residual_up,
       problem=kernel_problem,
       config=config,
       epilogue=spec,

@@ -144,6 +144,7 @@ def _kernel(
     row_scale_gmem,
     col_scale_gmem,
     b_up_gmem,
+    residual_up_gmem,
     out_gmem,
     *extra_refs,
     p: _Plan,
@@ -158,6 +159,9 @@ def _kernel(
   # per CTA); Pallas zeroes it before every launch, and every signal is waited for.
   semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((p.partial_slots,))) if sk else None
   cfg, prob = p.config, p.problem
+  # Residual operands, loaded chunk by chunk beside the epilogue: the residual, and with
+  # `epilogue.gated_slope` the gated unit's up pre-activation too (slot r of a chunk).
+  residuals = [r for r in (residual_gmem, residual_up_gmem) if r is not None]
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
@@ -281,6 +285,15 @@ def _kernel(
       i, j = divmod(chunk, wn // en)
       return pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
 
+    def load_residuals(chunk, slot, batch_idx, row0, col0):
+      """TMA-loads every residual operand's epilogue chunk `chunk` into residual slot `slot`."""
+      for r, source in enumerate(residuals):
+        plgpu.copy_gmem_to_smem(
+            _at(source, batch_idx, *chunk_window(chunk, row0, col0)),
+            res_smem.at[wg, slot, r],
+            res_loaded.at[wg * slots + slot],
+        )
+
     def compute_unit(step0, tile_index, kb, ke):
       """K steps [kb, ke) of one tile; then its epilogue, or its stream-K partial."""
       batch_idx, mi, ni = _tile_position(p, tile_index)
@@ -307,12 +320,7 @@ def _kernel(
           # it for a whole HBM round trip (NOTES exp. 57); later chunks load one chunk
           # ahead in the epilogue.
           for chunk in range(min(slots, chunks)):
-            rows, cols = chunk_window(chunk, row0, col0)
-            plgpu.copy_gmem_to_smem(
-                _at(residual_gmem, batch_idx, rows, cols),
-                res_smem.at[wg, chunk % slots],
-                res_loaded.at[wg * slots + chunk % slots],
-            )
+            load_residuals(chunk, chunk % slots, batch_idx, row0, col0)
 
       # Only units that run the epilogue stage them (each load is waited for once).
       if whole:
@@ -406,7 +414,6 @@ def _kernel(
           barrier = wg * slots + out_slot
           chunk = i * (wn // en) + j
           if res_smem is not None:  # loaded with the vectors, or after chunk - slots
-            res_buf = res_smem.at[wg, chunk % slots]
             res_barrier = res_loaded.at[wg * slots + chunk % slots]
           if c_gmem is not None:
             plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
@@ -421,7 +428,8 @@ def _kernel(
             )
           if res_smem is not None:
             plgpu.barrier_wait(res_barrier)
-            res_tile = res_buf[...]
+            res_tile = tuple(res_smem[wg, chunk % slots, r] for r in range(len(residuals)))
+            res_tile = res_tile if len(res_tile) > 1 else res_tile[0]
           scales = []
           if scalars is not None:
             scales.append(scalars[0])
@@ -450,7 +458,11 @@ def _kernel(
               scales=tuple(scales),
           )
           if pre_gmem is not None:
-            buf[...] = y.astype(out_dtype)
+            # pre; or, with `gated_slope`, the up pre-activation's cotangent
+            second = y
+            if p.epilogue.gated_slope is not None:
+              second = epilogue_lib.up_cotangent(p.epilogue, y, gate=res_tile[0])
+            buf[...] = second.astype(out_dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(buf, _at(pre_gmem, batch_idx, rows, cols))
             buf = out_smem.at[wg, (store + 1) % slots]
@@ -473,11 +485,7 @@ def _kernel(
           if res_smem is not None and chunk + slots < chunks:
             # This chunk's residual slot is free (commit_smem ordered every read of it):
             # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
-            plgpu.copy_gmem_to_smem(
-                _at(residual_gmem, batch_idx, *chunk_window(chunk + slots, row0, col0)),
-                res_buf,
-                res_barrier,
-            )
+            load_residuals(chunk + slots, chunk % slots, batch_idx, row0, col0)
           if amax_smem is not None and last_chunk:
             plgpu.copy_smem_to_gmem(
                 amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
@@ -556,10 +564,12 @@ def _kernel(
       else plgpu.Barrier(num_arrivals=1, num_barriers=2),
       res_smem=None
       if residual_gmem is None
-      else plgpu.SMEM((2, slots, em, en), residual_gmem.dtype, transforms=p.residual_transforms),
+      else plgpu.SMEM(
+          (2, slots, len(residuals), em, en), residual_gmem.dtype, transforms=p.residual_transforms
+      ),
       res_loaded=None
       if residual_gmem is None
-      else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
+      else plgpu.Barrier(num_arrivals=len(residuals), num_barriers=2 * slots),
       row_scale_smem=None if row_scale_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       row_scale_loaded=None
       if row_scale_gmem is None
@@ -617,7 +627,9 @@ def _use_approx_math(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) 
   keep the precise versions.
   """
   return (
-      epilogue.activation is not None or epilogue.residual_slope is not None
+      epilogue.activation is not None
+      or epilogue.residual_slope is not None
+      or epilogue.gated_slope is not None
   ) and problem.out_dtype != "float32"
 
 
@@ -651,6 +663,7 @@ def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> s
   act = f"_{epilogue.activation}" if epilogue.activation else ""
   act += f"_d{epilogue.residual_slope}" if epilogue.residual_slope else ""
   act += "_glu" if epilogue.gated else ""
+  act += f"_dglu_{epilogue.gated_slope}" if epilogue.gated_slope else ""
   return f"pallas_gemm_{batch}{problem.m}x{problem.n}x{problem.k}_{layout}{act}"
 
 
@@ -667,6 +680,7 @@ def hopper_gemm(
     col_scale=None,
     valid_n=None,
     b_up=None,
+    residual_up=None,
     problem: GemmProblem,
     config: GemmConfig,
     epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
@@ -695,6 +709,9 @@ def hopper_gemm(
       up columns, and the output has `problem.n / 2` columns: `problem.n` counts
       both halves and is a multiple of tile_n. With `return_pre`, (out, gate pre,
       up pre). Not with split-K, stream-K, c, residual, row extras or scales.
+    residual_up: with `epilogue.gated_slope`, the gated unit's up pre-activation,
+      shaped and typed like `residual` (its gate pre-activation); with `return_pre`
+      the outputs are then (d_gate, d_up) = (y * up * act'(gate), y * act(gate)).
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.
     interpret: None on hardware, or GPU interpret-mode params.
@@ -719,6 +736,7 @@ def hopper_gemm(
       col_scale=col_scale,
       valid_n=valid_n,
       b_up=b_up,
+      residual_up=residual_up,
       problem=problem,
       config=config,
       epilogue=epilogue,
@@ -752,6 +770,7 @@ def _launch(
     col_scale,
     valid_n,
     b_up,
+    residual_up,
     problem,
     config,
     epilogue,
@@ -763,6 +782,19 @@ def _launch(
   _check_gated(
       b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue
   )
+  if (residual_up is not None) != (epilogue.gated_slope is not None) or (
+      residual_up is not None
+      and (
+          residual is None
+          or residual_up.shape != residual.shape
+          or residual_up.dtype != residual.dtype
+          or not return_pre
+      )
+  ):
+    raise ValueError(
+        "residual_up and epilogue.gated_slope go together, with a residual of the same shape "
+        "and dtype (the gate pre-activation) and return_pre (the up cotangent's output)"
+    )
   if config.stream_k and interpret is not None:
     raise ValueError(
         "GemmConfig.stream_k=True: GPU interpret mode cannot run the GMEM "
@@ -834,7 +866,9 @@ def _launch(
       ),
       interpret=interpret,
   )
-  results = kernel(a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale, b_up)
+  results = kernel(
+      a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale, b_up, residual_up
+  )
   if len(out_type) == 1:
     return results
   return results[:outputs] if outputs > 1 else results[0]

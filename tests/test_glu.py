@@ -17,6 +17,7 @@ from pallas_gemm.config import GemmConfig, GemmProblem
 from tests.interpret_support import hang_guard  # noqa: F401
 
 F64 = {
+    None: lambda z: z,
     "relu": lambda z: jnp.maximum(z, 0.0),
     "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
     "gelu_exact": lambda z: jax.nn.gelu(z, approximate=False),
@@ -81,7 +82,7 @@ def _check(args, activation, implementation, config=None):
     assert _rel(got, want) < TOLERANCE[dtype.name], name
 
 
-@pytest.mark.parametrize("activation", sorted(F64))
+@pytest.mark.parametrize("activation", sorted(k for k in F64 if k))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
   _check(_arrays((3, 7), 24, 40, jnp.dtype(dtype)), activation, "xla")
@@ -208,3 +209,92 @@ def test_bad_input_names_the_argument():
 def test_on_the_gpu_against_float64(activation):
   # 1000 tokens, K=520, N=1544: edge tiles in every GEMM of the forward and backward.
   _check(_arrays((4, 250), 520, 1544, jnp.dtype(jnp.bfloat16)), activation, "pallas")
+
+
+# -- gated_mlp: the down projection, and the backward's slope epilogue ---------------------
+def _mlp_arrays(rows, d, h, d_out, dtype, *, extras=True, seed=1):
+  rng = np.random.default_rng(zlib.crc32(repr((rows, d, h, d_out, dtype, seed)).encode()))
+  normal = lambda shape, scale=1.0: jnp.asarray(
+      (scale * rng.standard_normal(shape)).astype(np.float32)
+  ).astype(dtype)
+  return dict(
+      x=normal((rows, d)),
+      w_gate=normal((d, h), d**-0.5),
+      w_up=normal((d, h), d**-0.5),
+      w_down=normal((h, d_out), h**-0.5),
+      bias_gate=normal((h,), 0.5) if extras else None,
+      bias_up=normal((h,), 0.5) if extras else None,
+      bias_down=normal((d_out,), 0.5) if extras else None,
+      residual=normal((rows, d_out)) if extras else None,
+  )
+
+
+def _check_mlp(args, activation, implementation):
+  names = [k for k, v in args.items() if v is not None]
+  shape = (args["x"].shape[0], args["w_down"].shape[1])
+  cot = jnp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
+  cot = cot.astype(args["x"].dtype)
+
+  def ours(*vals):
+    return glu.gated_mlp(
+        activation=activation, implementation=implementation, **dict(zip(names, vals))
+    )
+
+  def reference(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, residual):
+    hidden = _reference(activation, x, w_gate, w_up, bias_gate, bias_up)
+    y = hidden @ w_down + (0.0 if bias_down is None else bias_down)
+    return y + (0.0 if residual is None else residual)
+
+  y, vjp = jax.vjp(ours, *(args[k] for k in names))
+  grads = vjp(cot)
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(args[k], np.float64)) for k in names]
+    ref_fn = lambda *vals: reference(**{**dict.fromkeys(args), **dict(zip(names, vals))})
+    y_ref, vjp_ref = jax.vjp(ref_fn, *f64)
+    grads_ref = vjp_ref(jnp.asarray(np.asarray(cot, np.float64)))
+  assert y.shape == shape and _rel(y, y_ref) < TOLERANCE[y.dtype.name], "output"
+  for name, got, want in zip(names, grads, grads_ref):
+    assert got.dtype == args[name].dtype and got.shape == args[name].shape, name
+    assert _rel(got, want) < TOLERANCE[y.dtype.name], name
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", None])
+def test_gated_mlp_matches_float64_on_xla(activation):
+  _check_mlp(_mlp_arrays(21, 24, 40, 16, jnp.dtype(jnp.bfloat16)), activation, "xla")
+
+
+@pytest.mark.parametrize("extras", [True, False])
+def test_gated_mlp_kernels_match_float64_in_interpret_mode(extras):
+  # 200 rows, 72 -> 136 -> 80: no dimension a multiple of a tile.
+  args = _mlp_arrays(200, 72, 136, 80, jnp.dtype(jnp.bfloat16), extras=extras)
+  _check_mlp(args, "silu" if extras else "gelu_exact", "interpret")
+
+
+def test_gated_mlp_backward_writes_no_hidden_cotangent():
+  """Lowered for CUDA: the hidden cotangent's GEMM writes the gate and up cotangents
+  itself (the `_dglu` kernel); no other kernel or XLA pass reads the saved pre-activations."""
+  shapes = ((512, 256), (256, 1024), (256, 1024), (1024, 256))
+  f = lambda x, wg, wu, wd: glu.gated_mlp(x, wg, wu, wd, implementation="pallas")
+  loss = lambda *a: f(*a).astype(jnp.float32).sum()
+  text = _lowered(jax.grad(loss, argnums=(0, 1, 2, 3)), *shapes)
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
+  dglu = [line for line in calls if "512x1024xbf16>, tensor<512x1024xbf16>) ->" in line]
+  assert "_dglu_silu" in text and len(dglu) == 1
+  # (d_gate, d_up): two results of the hidden cotangent's shape
+  assert dglu[0].rsplit("->", 1)[1].count("tensor<512x1024xbf16>") == 2
+  assert "logistic" not in text and "exponential" not in text  # no XLA elementwise slope
+
+
+def test_gated_mlp_bad_input_names_the_argument():
+  x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
+  with pytest.raises(ValueError, match="shapes do not chain"):
+    glu.gated_mlp(x, w, w, jnp.ones((15, 8), jnp.bfloat16))
+  with pytest.raises(ValueError, match=r"bias_down must have shape \(8,\)"):
+    glu.gated_mlp(x, w, w, w.T, bias_down=jnp.ones(16))
+  with pytest.raises(ValueError, match=r"residual must have shape \(4, 8\)"):
+    glu.gated_mlp(x, w, w, w.T, residual=jnp.ones((4, 16)))
+
+
+@pytest.mark.gpu
+def test_gated_mlp_on_the_gpu_against_float64():
+  _check_mlp(_mlp_arrays(1000, 520, 1544, 776, jnp.dtype(jnp.bfloat16)), "silu", "pallas")
