@@ -3,12 +3,16 @@ the elementwise product, forward alone and forward + backward.
 
     python -m benchmarks.glu                 # GPU: Llama-3-8B and 70B-class MLPs, 8k and 16k tokens
     python -m benchmarks.glu --cpu-smoke     # no GPU: tiny shapes, XLA implementation
+    python -m benchmarks.glu --block mlp     # the whole MLP: + down projection and residual
 
 Shapes are MxNxK: x (M, K), w_gate and w_up (K, N). Contenders, interleaved in rounds
 on the same inputs (bf16; x ~ N(0, 1), weights ~ N(0, 1/K)):
   pallas_gemm   `gated_linear_unit(x, w_gate, w_up, activation="silu")`
   xla           `jax.nn.silu(x @ w_gate) * (x @ w_up)`
   pallas_plain  the project's plain GEMMs: `matmul(x, w_gate, activation="silu") * matmul(x, w_up)`
+With `--block mlp` each contender is the whole Llama MLP, `down(unit(x)) + x` with
+w_down (N, K): ours is `pallas_gemm.gated_mlp` (whose backward writes the gate and up
+cotangents from the dH GEMM's epilogue), pallas_plain adds `matmul(h, w_down, residual=x)`.
 "fwd" runs the forward alone (inference: nothing saved); "fwd+bwd" is `jax.vjp` and the
 backward for a given cotangent (x, w_gate and w_up gradients). FLOPs counted: 4MNK
 forward, 12MNK forward + backward. "saved MB": the residuals autodiff keeps for the
@@ -32,7 +36,7 @@ import jax.numpy as jnp
 from benchmarks.matmul import cupti_times_ms, environment, parse_shapes
 from pallas_gemm import _compat
 from pallas_gemm.autodiff import matmul
-from pallas_gemm.glu import gated_linear_unit
+from pallas_gemm.glu import gated_linear_unit, gated_mlp
 
 SHAPES = "8192x14336x4096,16384x14336x4096,8192x28672x8192,16384x28672x8192"
 SMOKE_SHAPES = "64x96x32"
@@ -54,13 +58,28 @@ def units(implementation):
   }
 
 
-def step(unit, mode):
-  if mode == "fwd":
-    return jax.jit(lambda x, wg, wu, dy: unit(x, wg, wu))
+def blocks(implementation):
+  """name -> (x, w_gate, w_up, w_down) -> y: the whole MLP with its residual."""
+  glu_units = units(implementation)
+  return {
+      "pallas_gemm": lambda x, wg, wu, wd: gated_mlp(
+          x, wg, wu, wd, residual=x, implementation=implementation
+      ),
+      "xla": lambda x, wg, wu, wd: glu_units["xla"](x, wg, wu) @ wd + x,
+      "pallas_plain": lambda x, wg, wu, wd: matmul(
+          glu_units["pallas_plain"](x, wg, wu), wd, residual=x, implementation=implementation
+      ),
+  }
 
-  def both(x, wg, wu, dy):
-    y, vjp = jax.vjp(unit, x, wg, wu)
-    return (y, *vjp(dy))
+
+def step(unit, mode):
+  """jit of (*inputs, cotangent) -> y (fwd), or (y, *input gradients) (fwd+bwd)."""
+  if mode == "fwd":
+    return jax.jit(lambda *args: unit(*args[:-1]))
+
+  def both(*args):
+    y, vjp = jax.vjp(unit, *args[:-1])
+    return (y, *vjp(args[-1]))
 
   return jax.jit(both)
 
@@ -74,21 +93,27 @@ def saved_mb(unit, args) -> float:
   return total / 1e6
 
 
-def make_inputs(m, n, k, seed=0):
-  kx, kg, ku, kd = jax.random.split(jax.random.key(seed), 4)
+def make_inputs(m, n, k, seed=0, block="glu"):
+  """(x, w_gate, w_up[, w_down], cotangent)."""
+  kx, kg, ku, kdown, kd = jax.random.split(jax.random.key(seed), 5)
   bf16 = jnp.bfloat16
-  w = lambda key: (jax.random.normal(key, (k, n), jnp.float32) / k**0.5).astype(bf16)
-  return (
-      jax.random.normal(kx, (m, k), bf16),
-      w(kg),
-      w(ku),
-      jax.random.normal(kd, (m, n), bf16),
-  )
+  w = lambda key, rows, cols: (
+      jax.random.normal(key, (rows, cols), jnp.float32) / rows**0.5
+  ).astype(bf16)
+  x = jax.random.normal(kx, (m, k), bf16)
+  if block == "mlp":
+    return (x, w(kg, k, n), w(ku, k, n), w(kdown, n, k), jax.random.normal(kd, (m, k), bf16))
+  return (x, w(kg, k, n), w(ku, k, n), jax.random.normal(kd, (m, n), bf16))
 
 
-def reference(mode):
+def reference(mode, block="glu"):
   hi = jax.lax.Precision.HIGHEST
-  unit = lambda x, wg, wu: jax.nn.silu(jnp.dot(x, wg, precision=hi)) * jnp.dot(x, wu, precision=hi)
+  glu_unit = lambda x, wg, wu: jax.nn.silu(jnp.dot(x, wg, precision=hi)) * jnp.dot(
+      x, wu, precision=hi
+  )
+  unit = glu_unit
+  if block == "mlp":
+    unit = lambda x, wg, wu, wd: jnp.dot(glu_unit(x, wg, wu), wd, precision=hi) + x
   f = step(unit, mode)
   return jax.jit(lambda *args: f(*(a.astype(jnp.float32) for a in args)))
 
@@ -98,22 +123,24 @@ def rel_err(x, r):
   return float(jnp.linalg.norm((x - r).ravel()) / jnp.linalg.norm(r.ravel()))
 
 
-def run(shapes, *, implementation, rounds, iterations, timer, log=print):
+def run(shapes, *, implementation, rounds, iterations, timer, log=print, block="glu"):
   rows = []
+  contenders = (units if block == "glu" else blocks)(implementation)
+  per_mnk = 4 if block == "glu" else 6  # forward FLOPs / MNK
   for m, n, k in shapes:
-    args = make_inputs(m, n, k)
+    args = make_inputs(m, n, k, block=block)
     for mode in ("fwd", "fwd+bwd"):
-      case = f"{m}x{n}x{k} {mode}"
-      flops = (4 if mode == "fwd" else 12) * m * n * k
-      steps = {name: step(unit, mode) for name, unit in units(implementation).items()}
-      ref = reference(mode)(*args)
+      case = f"{block} {m}x{n}x{k} {mode}"
+      flops = (per_mnk if mode == "fwd" else 3 * per_mnk) * m * n * k
+      steps = {name: step(unit, mode) for name, unit in contenders.items()}
+      ref = reference(mode, block)(*args)
       ref = ref if isinstance(ref, tuple) else (ref,)
       for name, f in steps.items():
         outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)
         errors = [rel_err(o, r) for o, r in zip(outs, ref)]
         log(
-            f"{case:28s} {name:13s} rel. errors vs f32 (y, dx, dw_gate, dw_up): "
+            f"{case:32s} {name:13s} rel. errors vs f32 (y, dx, dw_gate, dw_up[, dw_down]): "
             + " ".join(f"{e:.1e}" for e in errors)
         )
         if max(errors) > 2e-2:
@@ -135,10 +162,10 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
             tflops=flops / (med * 1e-3) / 1e12,
         )
         if mode == "fwd+bwd":
-          row["saved_mb"] = saved_mb(units(implementation)[name], args[:3])
+          row["saved_mb"] = saved_mb(contenders[name], args[:-1])
         rows.append(row)
         log(
-            f"{case:28s} {name:13s} {med:9.3f} ms {row['tflops']:7.1f} TFLOP/s"
+            f"{case:32s} {name:13s} {med:9.3f} ms {row['tflops']:7.1f} TFLOP/s"
             + (f"  saved {row['saved_mb']:.0f} MB" if "saved_mb" in row else "")
         )
   return rows
@@ -180,7 +207,13 @@ def main(argv=None):
       action="store_true",
       help=f"no GPU needed: {SMOKE_SHAPES}, XLA implementation, wall clock",
   )
-  parser.add_argument("--out", default=None, help="folder for glu.json")
+  parser.add_argument("--out", default=None, help="folder for glu.json / mlp.json")
+  parser.add_argument(
+      "--block",
+      choices=("glu", "mlp"),
+      default="glu",
+      help="the gated unit alone (default), or the whole MLP (down projection and residual)",
+  )
   args = parser.parse_args(argv)
   gpu = jax.default_backend() == "gpu"
   if args.cpu_smoke or not gpu:
@@ -197,10 +230,11 @@ def main(argv=None):
       rounds=args.rounds,
       iterations=args.iterations,
       timer=timer,
+      block=args.block,
   )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "glu.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.block}.json"), "w") as f:
       json.dump(dict(environment=env, rows=rows), f, indent=1)
   print(format_table(rows))
   return 0

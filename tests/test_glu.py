@@ -298,3 +298,12 @@ def test_gated_mlp_bad_input_names_the_argument():
 @pytest.mark.gpu
 def test_gated_mlp_on_the_gpu_against_float64():
   _check_mlp(_mlp_arrays(1000, 520, 1544, 776, jnp.dtype(jnp.bfloat16)), "silu", "pallas")
+
+
+@pytest.mark.parametrize("block", ["glu", "mlp"])
+def test_the_benchmark_runs_on_the_cpu(block, capsys):
+  from benchmarks import glu as harness
+
+  assert harness.main(["--cpu-smoke", "--block", block, "--rounds", "1", "--iterations", "1"]) == 0
+  table = capsys.readouterr().out.splitlines()
+  assert table[-2].startswith(f"| {block} 64x96x32 fwd |") and "fwd+bwd" in table[-1]
