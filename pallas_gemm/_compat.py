@@ -32,6 +32,17 @@ INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS = JAX_VERSION >= (0, 11, 0)
 INTERPRET_SUPPORTS_CLUSTERS = JAX_VERSION >= (0, 11, 0)
 
 
+def require_interpret_transposes(transpose_a: bool, transpose_b: bool) -> None:
+  """Raises where this jax's GPU interpreter cannot run transposed operands: it would
+  hang (its callback fails inside a warp-specialized kernel, and the barrier waits)."""
+  if (transpose_a or transpose_b) and not INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS:
+    raise NotImplementedError(
+        f"the GPU interpreter of jax {jax.__version__} cannot run transposed operands "
+        f"(transpose_a={transpose_a}, transpose_b={transpose_b}), which every "
+        "backward GEMM has; use jax >= 0.11 or implementation='xla'"
+    )
+
+
 def transpose_2d(ref):
   """The transposed view of a 2-D SMEM ref, as WGMMA wants an MN-major operand."""
   if _USE_REF_TRANSPOSE:

@@ -113,17 +113,8 @@ def _vmappable(call):
 
 
 def _run(call, a, b, bias, c, row_bias, residual):
-  if (
-      call.implementation == "interpret"
-      and (call.transpose_a or call.transpose_b)
-      and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS
-  ):
-    # It would hang: the interpreter's callback fails inside a warp-specialized kernel.
-    raise NotImplementedError(
-        f"the GPU interpreter of jax {jax.__version__} cannot run transposed operands "
-        f"(transpose_a={call.transpose_a}, transpose_b={call.transpose_b}), which every "
-        "backward GEMM has; use jax >= 0.11 or implementation='xla'"
-    )
+  if call.implementation == "interpret":
+    _compat.require_interpret_transposes(call.transpose_a, call.transpose_b)
   if call.implementation == "xla" and call.transpose_a and a.ndim == 2 and b.ndim > 2:
     # XLA:CPU cannot run this dot in bf16 with an f32 result ("Unsupported element
     # type for DotThunk"); with A broadcast to B's batch it can.

@@ -394,6 +394,8 @@ def gate_cotangents_gemm(implementation, activation, g, w_down, gate, up):
   if implementation == "xla" or activation is None:  # (a bilinear unit: no slope epilogue)
     dh = sharding.gemm(GemmCall("float32", implementation, transpose_b=True), g, w_down)
     return gate_cotangents(activation, dh, gate, up, g.dtype)
+  if implementation == "interpret":
+    _compat.require_interpret_transposes(False, True)
   problem, _ = gemm_lib.gemm_problem(g, w_down, False, True, None, None, 0.0, None)
   problem = gemm_lib.check_extras(problem, (), None, gate)
   spec = epilogue_lib.EpilogueSpec(gated_slope=activation)

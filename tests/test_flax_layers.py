@@ -12,6 +12,7 @@ from flax import linen, nnx  # noqa: E402
 from pallas_gemm import _compat  # noqa: E402
 from pallas_gemm import flax as pflax  # noqa: E402
 from pallas_gemm.dot import dot_general  # noqa: E402
+from tests.interpret_support import hang_guard  # noqa: E402,F401
 
 ACTIVATIONS = {
     None: lambda y: y,
@@ -208,7 +209,19 @@ def test_example_trains_an_mlp(capsys):
   assert "loss went down for both: True" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize(
+    "implementation",
+    [
+        "xla",
+        pytest.param(
+            "interpret",
+            marks=pytest.mark.skipif(
+                not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+                reason="the backward's GEMMs read transposed operands",
+            ),
+        ),
+    ],
+)
 def test_gated_mlp_matches_three_flax_linears(implementation):
   """`GatedMLP` against `down(silu(gate(x)) * up(x)) + x` of three `nnx.Linear`s with
   the same parameters: outputs and gradients; parameter names as in Llama ports."""

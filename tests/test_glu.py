@@ -14,7 +14,7 @@ from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import glu
 from pallas_gemm.config import GemmConfig, GemmProblem
-from tests.interpret_support import hang_guard  # noqa: F401
+from tests.interpret_support import hang_guard, needs_transposes  # noqa: F401
 
 F64 = {
     None: lambda z: z,
@@ -97,15 +97,27 @@ def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
     ],
     ids=["default", "tile_n128", "pingpong"],
 )
+@needs_transposes  # the backward's GEMMs read transposed operands
 def test_the_kernel_matches_float64_in_interpret_mode(config):
   # 200 rows, K=136, N=200: no dimension a multiple of a tile; output poisoned (NaN fill).
   _check(_arrays((200,), 136, 200, jnp.dtype(jnp.bfloat16)), "silu", "interpret", config)
 
 
+@needs_transposes
 @pytest.mark.parametrize("activation", ["gelu_exact", "relu"])
 def test_without_biases_in_interpret_mode(activation):
   args = _arrays((2, 70), 64, 136, jnp.dtype(jnp.float16), biases=False)
   _check(args, activation, "interpret")
+
+
+def test_the_forward_kernel_matches_float64_in_interpret_mode():
+  """The forward alone (every jax version's interpreter runs it), output poisoned."""
+  args = _arrays((3, 70), 136, 200, jnp.dtype(jnp.bfloat16))
+  y = glu.gated_linear_unit(activation="silu", implementation="interpret", **args)
+  with jax.enable_x64(True):
+    ref = _reference("silu", **{k: jnp.asarray(np.asarray(v, np.float64)) for k, v in args.items()})
+  assert y.shape == (3, 70, 200) and not np.isnan(np.asarray(y, np.float32)).any()
+  assert _rel(y, ref) < TOLERANCE["bfloat16"]
 
 
 def test_stacked_weights_and_leading_dims():
@@ -263,6 +275,7 @@ def test_gated_mlp_matches_float64_on_xla(activation):
   _check_mlp(_mlp_arrays(21, 24, 40, 16, jnp.dtype(jnp.bfloat16)), activation, "xla")
 
 
+@needs_transposes
 @pytest.mark.parametrize("extras", [True, False])
 def test_gated_mlp_kernels_match_float64_in_interpret_mode(extras):
   # 200 rows, 72 -> 136 -> 80: no dimension a multiple of a tile.
@@ -307,3 +320,13 @@ def test_the_benchmark_runs_on_the_cpu(block, capsys):
   assert harness.main(["--cpu-smoke", "--block", block, "--rounds", "1", "--iterations", "1"]) == 0
   table = capsys.readouterr().out.splitlines()
   assert table[-2].startswith(f"| {block} 64x96x32 fwd |") and "fwd+bwd" in table[-1]
+
+
+@pytest.mark.skipif(
+    _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS, reason="this jax's interpreter runs them"
+)
+def test_old_interpreters_refuse_the_backward_instead_of_hanging():
+  args = _mlp_arrays(16, 8, 16, 8, jnp.dtype(jnp.bfloat16), extras=False)
+  loss = lambda x: glu.gated_mlp(x, *list(args.values())[1:4], implementation="interpret").sum()
+  with pytest.raises(NotImplementedError, match="cannot run transposed operands"):
+    jax.grad(loss)(args["x"])
