@@ -56,6 +56,12 @@ class GemmProblem:
   has_row_bias: bool = False
   residual_dtype: str | None = None
   """dtype of the residual added after the activation; None: no residual."""
+  block_scaled: bool = False
+  """fp8 operands with a scale per (1 x 128) block of A and (b_scale_rows x 128) block
+  of B, applied to each K block's product in registers (blockwise fp8)."""
+  b_scale_rows: int = 128
+  """With `block_scaled`: B's scale blocks span 128 rows (weights) or 1 (per-row
+  scales, as the weight gradient's second operand)."""
   residual_operands: int = 1
   """Residual arrays the epilogue loads per chunk: 2 for a gated unit's backward
   (its gate and up pre-activations, `EpilogueSpec.gated_slope`)."""
@@ -228,6 +234,10 @@ class GemmConfig:
         ((2, wn), "float32") if problem.has_col_scale else None,
         ((2, wm), "float32") if problem.has_row_scale else None,
         ((2, wm), "float32") if problem.amax else None,
+        ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
+        ((self.stages, 1, 4 if problem.b_scale_rows > 1 else self.tile_n), "float32")
+        if problem.block_scaled
+        else None,
     )
 
   # -- checks ---------------------------------------------------------------

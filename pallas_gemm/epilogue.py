@@ -128,6 +128,16 @@ def abs_max(x):
   return jax.lax.bitcast_convert_type(jnp.max(bits & jnp.int32(0x7FFFFFFF)), jnp.float32)
 
 
+def block_abs_max(x, axis):
+  """max |x| (f32) over `axis`, propagating NaN like `abs_max`.
+
+  >>> block_abs_max(jnp.array([[1.0, -3.0], [jnp.nan, 2.0]]), axis=1).tolist()
+  [3.0, nan]
+  """
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
+  return jax.lax.bitcast_convert_type(jnp.max(bits & jnp.int32(0x7FFFFFFF), axis=axis), jnp.float32)
+
+
 def _gelu_tanh_slope(x):
   c = math.sqrt(2.0 / math.pi)
   t = jnp.tanh(c * (x + 0.044715 * (x * x * x)))

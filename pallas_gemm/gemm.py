@@ -446,7 +446,7 @@ def _box_cols(cols, box, dtype, swizzle):
   return cols
 
 
-def _out_extent(problem, config, interpret):
+def out_extent(problem, config, interpret):
   """(rows, cols) of the output the kernel writes (>= (M, N); sliced afterwards)."""
   if interpret:
     cm, cn = config.cluster
@@ -462,7 +462,7 @@ def _out_extent(problem, config, interpret):
   return tma_rows(problem.m), cols
 
 
-def _residual_cols(dtype, cols, config):
+def residual_cols(dtype, cols, config):
   """Minor extent of the residual: `cols`, widened if TMA cannot read it with any swizzle."""
   _, en = config.epilogue_shape
   if smem.widest_swizzle(dtype, en, cols) is None:
@@ -602,7 +602,7 @@ def kernel_gemm(
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
   a, b = tma_layout(a, b, problem, config, interpret)
-  rows, cols = _out_extent(problem, config, interpret)
+  rows, cols = out_extent(problem, config, interpret)
   if c is not None:
     c = pad_last2(c.astype(problem.out_dtype), rows, cols)
   bias_cols = round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
@@ -616,9 +616,9 @@ def kernel_gemm(
   if col_scale is not None:
     col_scale = pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
   if residual is not None:
-    residual = pad_last2(residual, rows, _residual_cols(residual.dtype, cols, config))
+    residual = pad_last2(residual, rows, residual_cols(residual.dtype, cols, config))
   if residual_up is not None:
-    residual_up = pad_last2(residual_up, rows, _residual_cols(residual_up.dtype, cols, config))
+    residual_up = pad_last2(residual_up, rows, residual_cols(residual_up.dtype, cols, config))
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
       a,

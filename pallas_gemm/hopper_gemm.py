@@ -145,6 +145,8 @@ def _kernel(
     col_scale_gmem,
     b_up_gmem,
     residual_up_gmem,
+    a_scales_gmem,
+    b_scales_gmem,
     out_gmem,
     *extra_refs,
     p: _Plan,
@@ -254,13 +256,21 @@ def _kernel(
           if b_up_gmem is not None:
             views.append(_at(b_up_gmem, batch_idx, rows_b, cols_b))
             collectives.append(b_collective)
+          if prob.block_scaled:  # this K block's scales: A's rows of the tile, B's block
+            views.append(a_scales_gmem.at[pl.ds(k, 1), pl.ds(mi * tm, tm)])
+            if prob.b_scale_rows > 1:  # one (128 x 128) block per tile: its scale (+3 unused)
+              views.append(b_scales_gmem.at[pl.ds(k, 1), pl.ds(ni, 4)])
+            else:  # a scale per B row: the tile's
+              views.append(b_scales_gmem.at[pl.ds(k, 1), pl.ds(ni * tn, tn)])
+            collectives += [a_collective, b_collective]
           ring.fill(step0 + k - kb, views, collectives)
 
       ring.drain(for_each_unit(load_unit))
 
-    def operands(_, a_tile, b_tile, b_up_tile=None):
+    def operands(_, a_tile, b_tile, *extra):
       """This warpgroup's WGMMA views of a ring stage's A and B tiles (gated: the
       (A, gate B) and (A, up B) pairs)."""
+      b_up_tile = extra[0] if b_up_gmem is not None else None
       if prob.transpose_a:
         a_tile = _compat.transpose_2d(a_tile)
       elif not pingpong and cfg.wg_split == "m":
@@ -279,6 +289,16 @@ def _kernel(
       return a_tile, b_tile
 
     chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
+
+    def block_scale(_, a_tile, b_tile, a_scales, b_scales):
+      """Blockwise fp8: the multiplier of one K block's product, A's per-row scales of
+      this warpgroup's rows times B's (128 x 128) block scale or per-row scales."""
+      rows = pl.ds(0 if pingpong or cfg.wg_split != "m" else wg * wm, wm)
+      factor = lax.broadcast_in_dim(a_scales[0, rows], (wm, wn), (0,))
+      if prob.b_scale_rows > 1:
+        return factor * b_scales[0, 0]
+      cols = pl.ds(0 if pingpong or cfg.wg_split != "n" else wg * wn, wn)
+      return factor * lax.broadcast_in_dim(b_scales[0, cols], (wm, wn), (1,))
 
     def chunk_window(chunk, row0, col0):
       """The (rows, cols) slices of epilogue chunk `chunk` of the tile at (row0, col0)."""
@@ -329,6 +349,16 @@ def _kernel(
         pl.when(kb == 0)(stage_vectors)
       # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
       scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
+
+      if prob.block_scaled:
+        _epilogue(
+            ring.mma_promoted((wm, wn), step0, kb, ke, operands, block_scale),
+            batch_idx,
+            row0,
+            col0,
+            scalars,
+        )
+        return
 
       if p.epilogue.gated:
 
@@ -551,7 +581,15 @@ def _kernel(
       ring_refs=pipeline.ring_scratch(
           cfg.stages,
           [(a_block, a_gmem.dtype, p.a_transforms)]
-          + [(b_block, b_gmem.dtype, p.b_transforms)] * (1 if b_up_gmem is None else 2),
+          + [(b_block, b_gmem.dtype, p.b_transforms)] * (1 if b_up_gmem is None else 2)
+          + (
+              [
+                  ((1, tm), jnp.float32, ()),
+                  ((1, 4 if prob.b_scale_rows > 1 else tn), jnp.float32, ()),
+              ]
+              if prob.block_scaled
+              else []
+          ),
           cluster=cfg.cluster_size > 1,
       ),
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
@@ -681,6 +719,7 @@ def hopper_gemm(
     valid_n=None,
     b_up=None,
     residual_up=None,
+    block_scales=None,
     problem: GemmProblem,
     config: GemmConfig,
     epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
@@ -712,6 +751,12 @@ def hopper_gemm(
     residual_up: with `epilogue.gated_slope`, the gated unit's up pre-activation,
       shaped and typed like `residual` (its gate pre-activation); with `return_pre`
       the outputs are then (d_gate, d_up) = (y * up * act'(gate), y * act(gate)).
+    block_scales: with `problem.block_scaled` (fp8 A (M, K) and B (N, K), tile_k 128,
+      tile_n 128), (a_scales_t, b_scales_t): f32 (K/128, >= M) per-row scales of each
+      128-wide K block of A, transposed, and f32 (K/128, >= n_tiles + 3) scales of B's
+      (128 x 128) blocks, or with `problem.b_scale_rows == 1` (K/128, >= N) per-row
+      scales, transposed; each K block's product is scaled in registers before it
+      joins the sum (`Ring.mma_promoted`).
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.
     interpret: None on hardware, or GPU interpret-mode params.
@@ -737,6 +782,7 @@ def hopper_gemm(
       valid_n=valid_n,
       b_up=b_up,
       residual_up=residual_up,
+      block_scales=block_scales,
       problem=problem,
       config=config,
       epilogue=epilogue,
@@ -771,6 +817,7 @@ def _launch(
     valid_n,
     b_up,
     residual_up,
+    block_scales,
     problem,
     config,
     epilogue,
@@ -866,8 +913,34 @@ def _launch(
       ),
       interpret=interpret,
   )
+  if (block_scales is not None) != problem.block_scaled:
+    raise ValueError("block_scales and problem.block_scaled go together")
+  if problem.block_scaled and (
+      config.tile_k != 128
+      or config.tile_n != 128
+      or config.k_splits(problem)[0] > 1
+      or config.stream_k
+      or config.cluster_size > 1
+  ):
+    raise ValueError(
+        f"a blockwise-scaled GEMM runs tile_k=128 (the scale block), tile_n=128 (one B "
+        f"scale block per tile), whole tiles and no cluster; got {config}"
+    )
+  a_scales, b_scales = block_scales if block_scales is not None else (None, None)
   results = kernel(
-      a, b, bias, row_bias, c, residual, scalars, row_scale, col_scale, b_up, residual_up
+      a,
+      b,
+      bias,
+      row_bias,
+      c,
+      residual,
+      scalars,
+      row_scale,
+      col_scale,
+      b_up,
+      residual_up,
+      a_scales,
+      b_scales,
   )
   if len(out_type) == 1:
     return results

@@ -165,6 +165,34 @@ class Ring:
     else:
       pl.when(k_end > k_begin)(release_last)
 
+  def mma_promoted(self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable):
+    """Consumer: sum over K steps [k_begin, k_end) of `scale(k, *views) * (a @ b)`, each
+    step's product in a fresh f32 WGMMA accumulator promoted into a register sum (the
+    per-K-block dequantization of blockwise-scaled fp8: DeepGEMM's and CUTLASS's
+    promotion, which also keeps fp8 WGMMA's reduced-precision accumulation to one block).
+
+    `operands` as in `mma`; `scale(k, *stage_views)` returns the multiplier of step k's
+    (`shape`) product, read before the stage is released. Returns the f32 sum.
+    """
+
+    def body(k, total):
+      step = step0 + k - k_begin
+      slot = self.slot(step)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      views = tuple(buffer.at[slot] for buffer in self.buffers)
+      a, b = operands(k, *views)
+
+      def block_product(acc):  # a fresh (zeroed) accumulator per K block
+        plgpu.wgmma(acc, a, b)
+        return acc[...]  # waits for the WGMMA
+
+      part = pl.run_scoped(block_product, plgpu.ACC(shape, jnp.float32))
+      factor = scale(k, *views)
+      plgpu.barrier_arrive(self.consumed.at[slot])
+      return total + part * factor
+
+    return lax.fori_loop(k_begin, k_end, body, jnp.zeros(shape, jnp.float32))
+
   def skip(self, step0, count) -> None:
     """Consumer: lets `count` stages from step0 pass unread (wait, release), as a
     ping-pong consumer does for the other consumer's tiles."""

@@ -1,0 +1,234 @@
+"""Blockwise-scaled fp8 (the DeepSeek-V3 recipe): `quantize_blockwise` and
+`blockwise_scaled_matmul`.
+
+Activations carry one f32 scale per (1 x 128) block of a row, weights one per
+(128 x 128) block; `x ~= x_fp8 * scale` block by block. The GEMM multiplies each
+128-wide K block in fp8 WGMMA into a fresh f32 accumulator and adds it to the
+register sum times a_scale[row, kb] * b_scale[col block, kb] (`Ring.mma_promoted`):
+the result matches a float64 product of the dequantized operands to f32
+accumulation error, and fp8 WGMMA's reduced-precision accumulation never spans more
+than one block.
+
+>>> import jax.numpy as jnp
+>>> x = jnp.arange(6.0).reshape(2, 3)
+>>> q, s = quantize_blockwise(x, block=(1, 2))
+>>> q.dtype, s.shape
+(dtype('float8_e4m3fn'), (2, 2))
+>>> (q.astype(jnp.float32) * jnp.repeat(s, 2, axis=1)[:, :3]).tolist()
+[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import gemm as gemm_lib
+from pallas_gemm.config import FP8_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
+from pallas_gemm.heuristics import default_config
+from pallas_gemm.hopper_gemm import hopper_gemm
+from pallas_gemm.tma_padding import pad_last2, round_up
+
+SCALE_BLOCK = 128
+"""K extent of a scale block (and of A's row blocks, B's square blocks) in the kernel."""
+
+
+def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
+  """(x_q, scales): `x` (M, K) cast to fp8 block by block, with f32 scales of shape
+  (cdiv(M, bm), cdiv(K, bk)) such that x ~= x_q * scales (each block's amax maps to
+  the dtype's largest finite value; a partial last block uses its own amax; an
+  all-zero block gets scale 1). One fused XLA pass: amax, scale, saturating cast.
+
+  Args:
+    x: (M, K) real array.
+    block: (bm, bk) block shape: (1, 128) for activations, (128, 128) for weights,
+      (128, 1) for an operand contracted along its rows in the backward.
+    dtype: float8_e4m3fn or float8_e5m2.
+  """
+  dtype = jnp.dtype(dtype)
+  if dtype.name not in FP8_DTYPES:
+    raise TypeError(f"dtype must be one of {FP8_DTYPES}, got {dtype}")
+  x = jnp.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2-D (M, K), got shape {x.shape}")
+  if jnp.iscomplexobj(x):
+    raise TypeError(f"x must be real, got {x.dtype}")
+  if (
+      not isinstance(block, (tuple, list))
+      or len(block) != 2
+      or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+  ):
+    raise ValueError(f"block must be a pair of positive ints (bm, bk), got {block!r}")
+  (m, k), (bm, bk) = x.shape, block
+  mb, kb = -(-m // bm), -(-k // bk)
+  padded = pad_last2(x.astype(jnp.float32), mb * bm, kb * bk).reshape(mb, bm, kb, bk)
+  amax = epilogue_lib.block_abs_max(padded, axis=(1, 3))
+  finite_max = float(jnp.finfo(dtype).max)
+  scales = jnp.where(amax > 0, amax / finite_max, 1.0).astype(jnp.float32)
+  q = jnp.clip(padded / scales[:, None, :, None], -finite_max, finite_max).astype(dtype)
+  return q.reshape(mb * bm, kb * bk)[:m, :k], scales
+
+
+def dequantize_blockwise(x_q, scales, block=(1, SCALE_BLOCK)):
+  """`x_q * scales` block by block, in f32 (the inverse of `quantize_blockwise`)."""
+  (m, k), (bm, bk) = x_q.shape, block
+  full = jnp.repeat(jnp.repeat(scales, bm, axis=0), bk, axis=1)[:m, :k]
+  return x_q.astype(jnp.float32) * full
+
+
+def blockwise_scaled_matmul(
+    a,
+    b,
+    a_scales,
+    b_scales,
+    *,
+    out_dtype=jnp.bfloat16,
+    bias=None,
+    activation=None,
+    residual=None,
+    config: GemmConfig | None = None,
+    implementation: str | None = None,
+):
+  """act((a * a_scales) @ (b * b_scales)^T + bias) + residual, with A scaled per (1 x 128)
+  block and B per (128 x 128) block, each K block's product scaled in f32 registers.
+
+  Args:
+    a: (M, K) float8_e4m3fn or float8_e5m2 (the activations, e.g. `quantize_blockwise(x)`).
+    b: (N, K) fp8 (the weights, stored (out, in) as WGMMA's K-major B).
+    a_scales: f32 (M, cdiv(K, 128)).
+    b_scales: f32 (cdiv(N, 128), cdiv(K, 128)) for (128 x 128) blocks, or (N, cdiv(K, 128))
+      for per-row (1 x 128) blocks like A's (the weight gradient's layout); N <= 128 reads
+      as (128 x 128) blocks.
+    out_dtype: bf16, f16 or f32.
+    bias: (N,) or None; activation: as `pallas_gemm.matmul`; residual: (M, N) or None.
+    config: a `GemmConfig` (tile_k 128 and tile_n 128 for the kernel), or None.
+    implementation: None ("pallas" on a Hopper GPU, else "xla"), "pallas", "interpret"
+      or "xla" (dequantize and multiply in f32 at HIGHEST precision).
+  Returns:
+    (M, N) of `out_dtype`.
+  """
+  if implementation not in gemm_lib.IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  for name, x in (("a", a), ("b", b)):
+    if x.ndim != 2:
+      raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+    if x.dtype.name not in FP8_DTYPES:
+      raise TypeError(f"{name} must be one of {FP8_DTYPES}, got {x.dtype}")
+  (m, k), (n, kb_) = a.shape, b.shape
+  if k != kb_:
+    raise ValueError(f"a (M, K) and b (N, K) must share K: got {a.shape} and {b.shape}")
+  k_blocks = -(-k // SCALE_BLOCK)
+  if jnp.shape(a_scales) != (m, k_blocks):
+    raise ValueError(
+        f"a_scales must have shape {(m, k_blocks)} (one scale per 1 x 128 block of a), "
+        f"got {jnp.shape(a_scales)}"
+    )
+  square = (-(-n // SCALE_BLOCK), k_blocks)
+  if jnp.shape(b_scales) not in (square, (n, k_blocks)):
+    raise ValueError(
+        f"b_scales must have shape {square} (one scale per 128 x 128 block of b) or "
+        f"{(n, k_blocks)} (per 1 x 128 block), got {jnp.shape(b_scales)}"
+    )
+  b_rows = SCALE_BLOCK if jnp.shape(b_scales) == square else 1
+  gemm_lib.check_real(bias=bias, residual=residual)
+  out_dtype = jnp.dtype(out_dtype).name
+  if out_dtype not in ("bfloat16", "float16", "float32"):
+    raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+  activation = epilogue_lib.activation_name(activation)
+  if bias is not None and jnp.shape(bias) != (n,):
+    raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
+  if residual is not None and jnp.shape(residual) != (m, n):
+    raise ValueError(f"residual must have shape {(m, n)}, got {jnp.shape(residual)}")
+  spec = epilogue_lib.EpilogueSpec(activation=activation)
+  a_scales, b_scales = (jnp.asarray(s, jnp.float32) for s in (a_scales, b_scales))
+  if implementation is None or implementation == "auto":
+    implementation = "pallas" if _compat.on_hopper() else "xla"
+  if 0 in (m, n, k):
+    implementation = "xla"
+  if implementation == "xla":
+    acc = jnp.matmul(
+        dequantize_blockwise(a, a_scales),
+        dequantize_blockwise(b, b_scales, (b_rows, SCALE_BLOCK)).T,
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    pre = epilogue_lib.affine(spec, acc, bias=bias)
+    return epilogue_lib.finish(spec, pre, residual=residual).astype(out_dtype)
+  return _kernel_path(
+      a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residual, config, implementation
+  )
+
+
+def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> GemmConfig:
+  """`config`, or the default made blockwise-ready: tile_k 128 (the scale block),
+  tile_n 128 (one B scale block per tile and a 64-register sum beside the 64-register
+  block accumulator), whole tiles, no cluster."""
+  if config is not None:
+    return config
+  cfg = default_config(dataclasses.replace(problem, block_scaled=False))
+  cfg = dataclasses.replace(
+      cfg,
+      tile_m=128,
+      tile_n=SCALE_BLOCK,
+      tile_k=SCALE_BLOCK,
+      wg_split="m",
+      schedule="cooperative",
+      cluster=(1, 1),
+      split_k=1,
+      stream_k=False,
+      epilogue_tile=(64, 64),
+  )
+  return fit_stages(cfg, problem, 6)
+
+
+def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residual, config, impl):
+  interpret = impl == "interpret"
+  (m, k), n = a.shape, b.shape[0]
+  problem = GemmProblem(
+      m=m,
+      n=n,
+      k=k,
+      dtype=a.dtype.name,
+      out_dtype=out_dtype,
+      transpose_b=True,
+      has_bias=bias is not None,
+      b_dtype=b.dtype.name if b.dtype != a.dtype else None,
+      residual_dtype=None if residual is None else jnp.result_type(residual).name,
+      block_scaled=True,
+      b_scale_rows=b_rows,
+  )
+  cfg = block_config(problem, config)
+  if interpret:
+    cfg = gemm_lib.interpret_config(cfg, problem)
+  cfg.validate(problem)
+  a, b = gemm_lib.tma_layout(a, b, problem, cfg, interpret)
+  rows, cols = gemm_lib.out_extent(problem, cfg, interpret)
+  m_tiles, n_tiles = tiles(m, cfg.tile_m), tiles(n, cfg.tile_n)
+  k_blocks = a_scales.shape[1]
+  # Transposed scales: a K block's row of A scales is one TMA box (1, tile_m), B's (1, 4).
+  a_scales_t = pad_last2(a_scales.T, k_blocks, round_up(max(m_tiles * cfg.tile_m, 4), 4))
+  b_cols = n_tiles + 3 if b_rows > 1 else n_tiles * cfg.tile_n
+  b_scales_t = pad_last2(b_scales.T, k_blocks, round_up(b_cols, 4))
+  if bias is not None:
+    bias = pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, n_tiles * cfg.tile_n)[0]
+  if residual is not None:
+    residual = pad_last2(residual, rows, gemm_lib.residual_cols(residual.dtype, cols, cfg))
+  out = hopper_gemm(
+      a,
+      b,
+      bias,
+      None,
+      residual=residual,
+      block_scales=(a_scales_t, b_scales_t),
+      problem=dataclasses.replace(problem, m=rows, n=cols),
+      config=cfg,
+      epilogue=spec,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
+  return out[:m, :n]
