@@ -41,7 +41,8 @@ def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
   """(x_q, scales): `x` (M, K) cast to fp8 block by block, with f32 scales of shape
   (cdiv(M, bm), cdiv(K, bk)) such that x ~= x_q * scales (each block's amax maps to
   the dtype's largest finite value; a partial last block uses its own amax; an
-  all-zero block gets scale 1). One fused XLA pass: amax, scale, saturating cast.
+  all-zero block gets scale 1, a block with a NaN a NaN scale). One fused XLA pass:
+  amax, scale, saturating cast.
 
   Args:
     x: (M, K) real array.
@@ -68,7 +69,7 @@ def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
   padded = pad_last2(x.astype(jnp.float32), mb * bm, kb * bk).reshape(mb, bm, kb, bk)
   amax = epilogue_lib.block_abs_max(padded, axis=(1, 3))
   finite_max = float(jnp.finfo(dtype).max)
-  scales = jnp.where(amax > 0, amax / finite_max, 1.0).astype(jnp.float32)
+  scales = jnp.where(amax == 0, 1.0, amax / finite_max).astype(jnp.float32)  # NaN stays NaN
   q = jnp.clip(padded / scales[:, None, :, None], -finite_max, finite_max).astype(dtype)
   return q.reshape(mb * bm, kb * bk)[:m, :k], scales
 

@@ -915,17 +915,6 @@ def _launch(
   )
   if (block_scales is not None) != problem.block_scaled:
     raise ValueError("block_scales and problem.block_scaled go together")
-  if problem.block_scaled and (
-      config.tile_k != 128
-      or config.tile_n != 128
-      or config.k_splits(problem)[0] > 1
-      or config.stream_k
-      or config.cluster_size > 1
-  ):
-    raise ValueError(
-        f"a blockwise-scaled GEMM runs tile_k=128 (the scale block), tile_n=128 (one B "
-        f"scale block per tile), whole tiles and no cluster; got {config}"
-    )
   a_scales, b_scales = block_scales if block_scales is not None else (None, None)
   results = kernel(
       a,

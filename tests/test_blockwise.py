@@ -1,0 +1,162 @@
+"""Blockwise-scaled fp8 (`pallas_gemm.blockwise`): the quantizer's blocks, scales and
+saturation; the GEMM against float64 of the dequantized operands on XLA and on the
+kernel in GPU interpret mode, at shapes that are not multiples of a block or tile,
+for every scale granularity; the CUDA lowering; bad input."""
+
+import zlib
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import blockwise as bw
+from pallas_gemm import compile_once
+from pallas_gemm.config import GemmConfig
+from tests.interpret_support import hang_guard  # noqa: F401
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+def _normal(shape, scale=1.0, seed=0):
+  rng = np.random.default_rng(zlib.crc32(repr((shape, scale, seed)).encode()))
+  return jnp.asarray((scale * rng.standard_normal(shape)).astype(np.float32))
+
+
+def _rel(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+    m=st.integers(1, 300),
+    k=st.integers(1, 300),
+    block=st.sampled_from([(1, 128), (128, 128), (128, 1), (3, 7)]),
+    dtype=st.sampled_from([E4M3, E5M2]),
+)
+def test_quantize_blockwise_round_trips_within_the_dtype_precision(m, k, block, dtype):
+  x = _normal((m, k), 3.0, seed=m * 1000 + k)
+  q, scales = bw.quantize_blockwise(x, block, dtype)
+  assert q.shape == (m, k) and q.dtype == jnp.dtype(dtype)
+  assert scales.shape == (-(-m // block[0]), -(-k // block[1])) and scales.dtype == jnp.float32
+  back = bw.dequantize_blockwise(q, scales, block)
+  # each element within half an fp8 ulp of its block's amax-relative grid
+  eps = float(jnp.finfo(dtype).eps)
+  full = np.repeat(np.repeat(np.asarray(scales), block[0], 0), block[1], 1)[:m, :k]
+  bound = eps * np.maximum(np.abs(np.asarray(x)), full * float(jnp.finfo(dtype).tiny) * 8)
+  assert np.all(np.abs(np.asarray(back) - np.asarray(x)) <= bound + 1e-30)
+  # every block's amax maps to the largest finite value (a partial block by its own amax)
+  amax = np.abs(np.asarray(q, np.float32)).max()
+  assert amax == float(jnp.finfo(dtype).max)
+
+
+def test_zero_blocks_get_scale_one_and_nan_propagates():
+  x = jnp.zeros((4, 256)).at[0, 200].set(jnp.nan)
+  q, scales = bw.quantize_blockwise(x)
+  assert scales.tolist()[1:] == [[1.0, 1.0]] * 3
+  assert np.isnan(scales[0, 1]) and scales[0, 0] == 1.0
+  assert not np.isnan(np.asarray(q[1:], np.float32)).any()
+
+
+def _operands(m, n, k, b_block, dtypes=(E4M3, E4M3), seed=0):
+  x = _normal((m, k), seed=seed)
+  w = _normal((n, k), k**-0.5, seed=seed + 1)
+  xq, xs = bw.quantize_blockwise(x, (1, 128), dtypes[0])
+  wq, ws = bw.quantize_blockwise(w, b_block, dtypes[1])
+  return xq, wq, xs, ws
+
+
+def _reference(xq, wq, xs, ws, b_block, bias=None, residual=None, act=None):
+  a = np.asarray(bw.dequantize_blockwise(xq, xs), np.float64)
+  b = np.asarray(bw.dequantize_blockwise(wq, ws, b_block), np.float64)
+  y = a @ b.T + (0.0 if bias is None else np.asarray(bias, np.float64))
+  if act is not None:
+    y = act(y)
+  return y + (0.0 if residual is None else np.asarray(residual, np.float64))
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize(
+    "b_block,dtypes",
+    [((128, 128), (E4M3, E4M3)), ((1, 128), (E4M3, E4M3)), ((128, 128), (E4M3, E5M2))],
+    ids=["square", "per_row", "mixed"],
+)
+def test_matches_float64_of_the_dequantized_operands(implementation, b_block, dtypes):
+  # 200 x 136 x 300: partial tiles in M and N, a partial last K block.
+  xq, wq, xs, ws = _operands(200, 136, 300, b_block, dtypes)
+  y = bw.blockwise_scaled_matmul(
+      xq, wq, xs, ws, out_dtype=jnp.float32, implementation=implementation
+  )
+  assert y.shape == (200, 136) and y.dtype == jnp.float32
+  assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-6
+
+
+def test_the_epilogue_in_interpret_mode():
+  xq, wq, xs, ws = _operands(130, 256, 384, (128, 128), seed=3)
+  bias, residual = _normal((256,), seed=4), _normal((130, 256), seed=5).astype(jnp.bfloat16)
+  y = bw.blockwise_scaled_matmul(
+      xq, wq, xs, ws, bias=bias, activation="gelu", residual=residual, implementation="interpret"
+  )
+  ref = _reference(
+      xq, wq, xs, ws, (128, 128), bias, residual, lambda v: jax.nn.gelu(v, approximate=True)
+  )
+  assert y.dtype == jnp.bfloat16 and not np.isnan(np.asarray(y, np.float32)).any()
+  assert _rel(y, np.asarray(ref)) < 1e-2
+
+
+def test_lowers_for_cuda_at_deepseek_shapes():
+  for m, n, k in ((4096, 7168, 16384), (1000, 2112, 7168)):
+    f8 = jax.ShapeDtypeStruct
+    args = (
+        f8((m, k), E4M3),
+        f8((n, k), E4M3),
+        f8((m, -(-k // 128)), jnp.float32),
+        f8((-(-n // 128), -(-k // 128)), jnp.float32),
+    )
+    f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, implementation="pallas"))
+    text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
+    assert compile_once.module_kernel_count(text) == 1
+
+
+def test_block_config():
+  from pallas_gemm.config import GemmProblem
+
+  problem = GemmProblem(
+      m=4096, n=7168, k=16384, dtype="float8_e4m3fn", transpose_b=True, block_scaled=True
+  )
+  cfg = bw.block_config(problem)
+  cfg.validate(problem)
+  assert (cfg.tile_k, cfg.tile_n, cfg.split_k, cfg.cluster) == (128, 128, 1, (1, 1))
+
+
+def test_bad_input_names_the_argument():
+  xq, wq, xs, ws = _operands(8, 16, 256, (128, 128))
+  with pytest.raises(TypeError, match="a must be one of"):
+    bw.blockwise_scaled_matmul(xq.astype(jnp.bfloat16), wq, xs, ws)
+  with pytest.raises(ValueError, match="must share K"):
+    bw.blockwise_scaled_matmul(xq, wq[:, :128], xs, ws)
+  with pytest.raises(ValueError, match=r"a_scales must have shape \(8, 2\)"):
+    bw.blockwise_scaled_matmul(xq, wq, xs[:, :1], ws)
+  with pytest.raises(ValueError, match=r"b_scales must have shape \(1, 2\)"):
+    bw.blockwise_scaled_matmul(xq, wq, xs, ws[:, :1])
+  with pytest.raises(ValueError, match=r"bias must have shape \(N,\) = \(16,\)"):
+    bw.blockwise_scaled_matmul(xq, wq, xs, ws, bias=jnp.ones(8))
+  with pytest.raises(ValueError, match="block must be a pair of positive ints"):
+    bw.quantize_blockwise(jnp.ones((4, 4)), block=(0, 128))
+  with pytest.raises(TypeError, match="dtype must be one of"):
+    bw.quantize_blockwise(jnp.ones((4, 4)), dtype=jnp.int8)
+  with pytest.raises(ValueError, match="a blockwise-scaled GEMM runs tile_n=128"):
+    bw.blockwise_scaled_matmul(
+        xq, wq, xs, ws, implementation="pallas", config=GemmConfig(tile_k=128, tile_n=256)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b_block", [(128, 128), (1, 128)])
+def test_on_the_gpu_against_float64(b_block):
+  xq, wq, xs, ws = _operands(1000, 2112, 7168 + 64, b_block)
+  y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32)
+  assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-5
