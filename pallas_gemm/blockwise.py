@@ -10,12 +10,12 @@ accumulation error, and fp8 WGMMA's reduced-precision accumulation never spans m
 than one block.
 
 >>> import jax.numpy as jnp
->>> x = jnp.arange(6.0).reshape(2, 3)
->>> q, s = quantize_blockwise(x, block=(1, 2))
->>> q.dtype, s.shape
-(dtype('float8_e4m3fn'), (2, 2))
->>> (q.astype(jnp.float32) * jnp.repeat(s, 2, axis=1)[:, :3]).tolist()
-[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+>>> x = jnp.array([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]])
+>>> q, s = quantize_blockwise(x, block=(1, 2))   # blocks [1, 2], [4] (partial), ...
+>>> q.dtype.name, s.shape, q.astype(jnp.float32).tolist()[0]   # amax -> 448
+('float8_e4m3fn', (2, 2), [224.0, 448.0, 448.0])
+>>> dequantize_blockwise(q, s, block=(1, 2)).tolist()
+[[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]]
 """
 
 from __future__ import annotations

@@ -237,6 +237,11 @@ class Dense(linen.Dense):
   activation: str | None = None
   implementation: str | None = None
 
+  def __post_init__(self):
+    # Checked at construction, as `Linear` does (not at the first `init`).
+    epilogue_lib.activation_name(self.activation)
+    super().__post_init__()
+
   @linen.compact
   def __call__(self, inputs):
     kernel = self.param(

@@ -123,6 +123,8 @@ def scaled_matmul(
     bias = jnp.asarray(bias, jnp.float32)
   if implementation is None:
     implementation = "pallas" if _compat.on_hopper() else "xla"
+  if 0 in (problem.m, problem.n, problem.k, problem.batch):
+    implementation = "xla"  # empty: what lax returns (the epilogue of zeros when K = 0)
   if implementation == "interpret" and not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS:
     # It would hang: the interpreter's callback fails inside a warp-specialized kernel.
     raise NotImplementedError(
@@ -216,8 +218,8 @@ def fp8_linear(
       x,
       kernel,
       bias,
-      jnp.asarray(x_scale, jnp.float32),
-      jnp.asarray(kernel_scale, jnp.float32),
+      _scale("x_scale", x_scale, 0, None),
+      _scale("kernel_scale", kernel_scale, 0, None),
   )
 
 

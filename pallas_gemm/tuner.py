@@ -143,6 +143,11 @@ def make_problem(
     if k != kb:
       raise ValueError(f"a {a.shape} and b {b.shape} disagree on K under layout {layout}")
     batch, dtype = math.prod(a.shape[:-2] or b.shape[:-2]), a.dtype
+  if min(batch, m, n, k) < 1:
+    raise ValueError(
+        f"shape_or_args: M, N, K (and batch) must be >= 1 to tune, got "
+        f"{(batch, m, n, k) if batch != 1 else (m, n, k)} (an empty GEMM has nothing to tune)"
+    )
   has_bias, has_c, activation = tuning_cache.parse_epilogue(epilogue)
   problem = GemmProblem(
       m=m,

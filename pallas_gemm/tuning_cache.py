@@ -208,9 +208,11 @@ def _read_records(path: str) -> dict[str, TuningRecord]:
       data = json.load(f)
   except FileNotFoundError:
     return {}
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, RecursionError) as e:  # RecursionError: absurdly deep JSON
     warnings.warn(
-        f"ignoring the tuning cache {path}: unreadable ({e})", TuningCacheWarning, stacklevel=3
+        f"ignoring the tuning cache {path}: unreadable ({type(e).__name__}: {e})",
+        TuningCacheWarning,
+        stacklevel=3,
     )
     return {}
   if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:

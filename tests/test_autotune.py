@@ -65,6 +65,9 @@ def test_make_problem_from_shapes_and_operands():
         (((64, 64, 64), "bfloat16", "NX"), "layout"),
         (((64, 64, 64), "bfloat16", "NN", "bias+tanh"), "epilogue"),
         (((jnp.zeros((8, 16)), jnp.zeros((32, 8))),), "disagree on K"),
+        (((0, 128, 128),), "must be >= 1 to tune"),
+        (((-1, 128, 128),), "must be >= 1 to tune"),
+        (((2, 64, 0, 64),), "must be >= 1 to tune"),
     ],
 )
 def test_make_problem_rejects_bad_arguments(args, match):

@@ -17,10 +17,13 @@ NEEDS_FLAX = ("pallas_gemm.flax", "benchmarks.model", "benchmarks.models", "benc
 
 def _modules():
   return sorted(
-      m.name
-      for package in (layouts, pallas_gemm, benchmarks)
-      for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-      if not m.name.endswith("__main__")
+      [layouts.__name__, pallas_gemm.__name__]  # the packages' own docstrings too
+      + [
+          m.name
+          for package in (layouts, pallas_gemm, benchmarks)
+          for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+          if not m.name.endswith("__main__")
+      ]
   )
 
 

@@ -259,3 +259,10 @@ def test_gated_mlp_matches_three_flax_linears(implementation):
 def test_gated_mlp_rejects_an_activation_the_epilogue_lacks():
   with pytest.raises(ValueError, match="activation must be None, one of"):
     pflax.GatedMLP(8, 16, activation=jnp.tanh, rngs=nnx.Rngs(0))
+
+
+def test_linen_dense_checks_its_activation_at_construction():
+  with pytest.raises(ValueError, match="activation must be None, one of"):
+    pflax.Dense(4, activation="tanh")
+  layer = pflax.Dense(4, activation=jax.nn.gelu, dtype=jnp.bfloat16)
+  assert layer.init(jax.random.key(0), jnp.ones((2, 8)))["params"]["kernel"].shape == (8, 4)

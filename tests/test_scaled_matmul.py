@@ -546,3 +546,20 @@ def test_amax_propagates_nan_as_xla_on_a_gpu_does(implementation):
       implementation=implementation,
   )
   assert np.isfinite(float(finite)) and float(finite) > 0
+
+
+@pytest.mark.parametrize(
+    "name, value, error, match",
+    [
+        ("x_scale", jnp.ones(3), ValueError, r"x_scale must have shape \(\) or \(1,\)"),
+        ("kernel_scale", jnp.ones((2, 2)), ValueError, r"kernel_scale must have shape"),
+        ("x_scale", jnp.array(True), TypeError, "x_scale must be a real number"),
+    ],
+)
+def test_fp8_linear_checks_its_scales(name, value, error, match):
+  x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
+  scales = {"x_scale": 1.0, "kernel_scale": 1.0, name: value}
+  with pytest.raises(error, match=match):
+    scaled.fp8_linear(
+        x, w, None, scales["x_scale"], scales["kernel_scale"], implementation="xla"
+    )

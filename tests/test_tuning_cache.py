@@ -196,6 +196,7 @@ def test_lookups_stay_in_memory_until_the_file_changes(cache, monkeypatch):
         '{"schema": 99, "entries": {}}',
         '{"schema": 1, "entries": []}',
         "\x00\x01",
+        "[" * 100_000 + "]" * 100_000,  # json.load's RecursionError
     ],
 )
 def test_an_unusable_file_is_ignored_with_a_warning_then_replaced(cache, content):

@@ -38,3 +38,32 @@ def test_empty_extents_match_lax(implementation, batch, m, k, n):
   for g, w in zip(got, want):
     assert g.shape == w.shape
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize("m, n, k", [(0, 16, 32), (8, 0, 32), (8, 16, 0)])
+@pytest.mark.parametrize("return_amax", [False, True])
+def test_scaled_matmul_empty_extents(implementation, m, n, k, return_amax):
+  """fp8: an empty product is what the XLA path gives (zeros through the epilogue when
+  K = 0), and its amax is 0 (nothing to scale), not a reduction error."""
+  a = jnp.ones((m, k), jnp.float8_e4m3fn)
+  b = jnp.ones((n, k), jnp.float8_e4m3fn)
+  bias = jnp.arange(n, dtype=jnp.float32)
+  out = pallas_gemm.scaled_matmul(
+      a,
+      b,
+      2.0,
+      3.0,
+      out_dtype=jnp.bfloat16,
+      bias=bias,
+      activation="relu",
+      return_amax=return_amax,
+      implementation=implementation,
+  )
+  y, amax = out if return_amax else (out, None)
+  assert y.shape == (m, n) and y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+      np.asarray(y, np.float32), np.broadcast_to(np.asarray(bias), (m, n))
+  )
+  if return_amax:
+    assert float(amax) == (float(bias.max()) if m and n else 0.0)
