@@ -21,6 +21,7 @@ than one block.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -190,6 +191,8 @@ def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
 
 def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residual, config, impl):
   interpret = impl == "interpret"
+  if interpret:  # B (N, K) is read through a transposed shared-memory view
+    _compat.require_interpret_transposes(False, True)
   (m, k), n = a.shape, b.shape[0]
   problem = GemmProblem(
       m=m,
@@ -233,3 +236,102 @@ def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residu
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
   )
   return out[:m, :n]
+
+
+# -- a differentiable linear layer: the DeepSeek-V3 recipe --------------------------------
+def blockwise_fp8_linear(
+    x,
+    w,
+    bias=None,
+    *,
+    dtype=jnp.float8_e4m3fn,
+    implementation: str | None = None,
+):
+  """`x @ w + bias` with both GEMMs of the forward and the backward in blockwise fp8,
+  quantizing inside (DeepSeek-V3's recipe):
+
+    forward   y  = q(x, 1x128) @ q(w^T, 128x128)^T          (x's rows, w's square blocks)
+    dgrad     dx = q(g, 1x128) @ q(w, 128x128)^T             (w's blocks transposed, same scales)
+    wgrad     dw = q(x^T, 1x128) @ q(g^T, 1x128)^T           (both per 1x128 along the tokens)
+
+  with f32 accumulation and every result in x's (or w's) dtype. What is saved for the
+  backward: x and w (requantized there in their backward orientation) and w's fp8
+  copy with its scales.
+
+  Args:
+    x: (..., K) activations, bf16/f16/f32; w: (K, N) weights (as `nnx.Linear` stores them);
+    bias: (N,) or None.
+    dtype: the fp8 format of every quantized operand (e4m3, or e5m2).
+    implementation: as `blockwise_scaled_matmul`.
+
+  >>> import jax, jax.numpy as jnp
+  >>> x = jnp.ones((4, 256), jnp.bfloat16); w = jnp.full((256, 128), 0.01, jnp.bfloat16)
+  >>> y = blockwise_fp8_linear(x, w, implementation="xla")
+  >>> y.shape, y.dtype, round(float(y[0, 0]), 2)
+  ((4, 128), dtype(bfloat16), 2.56)
+  """
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
+    raise ValueError(f"x must be (..., K) and w (K, N); got {x.shape} and {w.shape}")
+  if bias is not None and jnp.shape(bias) != (w.shape[1],):
+    raise ValueError(f"bias must have shape (N,) = ({w.shape[1]},), got {jnp.shape(bias)}")
+  if jnp.dtype(dtype).name not in FP8_DTYPES:
+    raise TypeError(f"dtype must be one of {FP8_DTYPES}, got {jnp.dtype(dtype)}")
+  if implementation not in gemm_lib.IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  static = (jnp.dtype(dtype).name, implementation, x.dtype.name)
+  rows = 1
+  for d in x.shape[:-1]:
+    rows *= d
+  y = _fp8_linear(static, x.reshape(rows, x.shape[-1]), w, bias)
+  return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+def _matmul(static, a, a_block, b, b_block, out_dtype):
+  """blockwise_scaled_matmul of a (M, K) and b (N, K), each quantized here."""
+  dtype, implementation, _ = static
+  aq, a_s = quantize_blockwise(a, a_block, dtype)
+  bq, b_s = quantize_blockwise(b, b_block, dtype)
+  return blockwise_scaled_matmul(
+      aq, bq, a_s, b_s, out_dtype=out_dtype, implementation=implementation
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp8_linear(static, x, w, bias):
+  return _linear_fwd(static, x, w, bias)[0]
+
+
+def _linear_fwd(static, x, w, bias):
+  dtype, implementation, out = static
+  wq, w_s = quantize_blockwise(w.T, (SCALE_BLOCK, SCALE_BLOCK), dtype)
+  xq, x_s = quantize_blockwise(x, (1, SCALE_BLOCK), dtype)
+  y = blockwise_scaled_matmul(
+      xq, wq, x_s, w_s, out_dtype=out, bias=bias, implementation=implementation
+  )
+  bias_dtype = None if bias is None else jnp.dtype(bias.dtype).name
+  return y, (x, w, wq, w_s, _Names(bias_dtype, jnp.dtype(w.dtype).name))
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Names:
+  bias: str | None
+  w: str
+
+
+def _linear_bwd(static, saved, g):
+  dtype, implementation, out = static
+  x, w, wq, w_s, names = saved
+  gq, g_s = quantize_blockwise(g, (1, SCALE_BLOCK), dtype)
+  # dgrad: B = w (K, N), the forward's fp8 weight transposed (square blocks keep their scales)
+  d_x = blockwise_scaled_matmul(gq, wq.T, g_s, w_s.T, out_dtype=out, implementation=implementation)
+  # wgrad: dw (K, N) = x^T g, both operands per 1 x 128 along the tokens
+  d_w = _matmul(static, x.T, (1, SCALE_BLOCK), g.T, (1, SCALE_BLOCK), names.w)
+  d_bias = None if names.bias is None else g.astype(jnp.float32).sum(0).astype(names.bias)
+  return d_x, d_w, d_bias
+
+
+_fp8_linear.defvjp(_linear_fwd, _linear_bwd)

@@ -126,9 +126,7 @@ def abs_max(x):
   """
   bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
   # initial=0: an empty array's amax is 0 (nothing to scale), not an error
-  return jax.lax.bitcast_convert_type(
-      jnp.max(bits & jnp.int32(0x7FFFFFFF), initial=0), jnp.float32
-  )
+  return jax.lax.bitcast_convert_type(jnp.max(bits & jnp.int32(0x7FFFFFFF), initial=0), jnp.float32)
 
 
 def block_abs_max(x, axis):

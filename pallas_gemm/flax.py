@@ -45,6 +45,7 @@ from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
+from pallas_gemm.blockwise import blockwise_fp8_linear
 from pallas_gemm.glu import gated_mlp
 from pallas_gemm.mlp import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
@@ -218,6 +219,46 @@ def gated_mlp_of(
       residual=residual,
       implementation=gate.implementation,
   )
+
+
+class BlockwiseFp8Linear(nnx.Linear):
+  """`nnx.Linear` whose forward and backward GEMMs run in blockwise-scaled fp8 (the
+  DeepSeek-V3 recipe, `pallas_gemm.blockwise.blockwise_fp8_linear`): activations and
+  gradients quantized per 1 x 128 block, the kernel per 128 x 128 block, inside the
+  layer; no scaling state. Same parameters as `nnx.Linear`.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> layer = BlockwiseFp8Linear(256, 128, dtype=jnp.bfloat16, implementation="xla",
+  ...                            rngs=nnx.Rngs(0))
+  >>> layer(jnp.ones((2, 256))).shape, layer.kernel.shape
+  ((2, 128), (256, 128))
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      out_features: int,
+      *,
+      fp8_dtype=jnp.float8_e4m3fn,
+      implementation: str | None = None,
+      **kwargs,
+  ):
+    if jnp.dtype(fp8_dtype).name not in ("float8_e4m3fn", "float8_e5m2"):
+      raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e5m2, got {fp8_dtype}")
+    super().__init__(in_features, out_features, **kwargs)
+    self.fp8_dtype = jnp.dtype(fp8_dtype).name
+    self.implementation = implementation
+
+  def __call__(self, inputs, out_sharding=None):
+    bias = self.bias[...] if self.bias is not None else None
+    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    y = blockwise_fp8_linear(
+        inputs, kernel, bias, dtype=self.fp8_dtype, implementation=self.implementation
+    )
+    if out_sharding is not None:
+      y = jax.sharding.reshard(y, out_sharding)
+    return y
 
 
 class Dense(linen.Dense):

@@ -15,7 +15,7 @@ import pytest
 from pallas_gemm import blockwise as bw
 from pallas_gemm import compile_once
 from pallas_gemm.config import GemmConfig
-from tests.interpret_support import hang_guard  # noqa: F401
+from tests.interpret_support import hang_guard, needs_transposes  # noqa: F401
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
@@ -78,7 +78,9 @@ def _reference(xq, wq, xs, ws, b_block, bias=None, residual=None, act=None):
   return y + (0.0 if residual is None else np.asarray(residual, np.float64))
 
 
-@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize(
+    "implementation", ["xla", pytest.param("interpret", marks=needs_transposes)]
+)
 @pytest.mark.parametrize(
     "b_block,dtypes",
     [((128, 128), (E4M3, E4M3)), ((1, 128), (E4M3, E4M3)), ((128, 128), (E4M3, E5M2))],
@@ -94,6 +96,7 @@ def test_matches_float64_of_the_dequantized_operands(implementation, b_block, dt
   assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-6
 
 
+@needs_transposes  # fp8 B is read through a transposed view
 def test_the_epilogue_in_interpret_mode():
   xq, wq, xs, ws = _operands(130, 256, 384, (128, 128), seed=3)
   bias, residual = _normal((256,), seed=4), _normal((130, 256), seed=5).astype(jnp.bfloat16)
@@ -160,3 +163,48 @@ def test_on_the_gpu_against_float64(b_block):
   xq, wq, xs, ws = _operands(1000, 2112, 7168 + 64, b_block)
   y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32)
   assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-5
+
+
+# -- blockwise_fp8_linear: the DeepSeek-V3 recipe, differentiable --------------------------
+def _linear_grads(implementation, x, w, bias, g):
+  def f(x, w, bias):
+    return bw.blockwise_fp8_linear(x, w, bias, implementation=implementation)
+
+  y, vjp = jax.vjp(f, x, w, bias)
+  return (y, *vjp(g))
+
+
+def test_fp8_linear_tracks_the_exact_layer_within_fp8_error():
+  x = _normal((3, 70, 256), seed=7).astype(jnp.bfloat16)
+  w = _normal((256, 200), 256**-0.5, seed=8)
+  bias, g = _normal((200,), seed=9), _normal((3, 70, 200), seed=10).astype(jnp.bfloat16)
+  y, dx, dw, db = _linear_grads("xla", x, w, bias, g)
+  assert (y.dtype, dx.dtype, dw.dtype, db.dtype) == (
+      jnp.bfloat16,
+      jnp.bfloat16,
+      w.dtype,
+      bias.dtype,
+  )
+  x64, w64, g64 = (np.asarray(v, np.float64) for v in (x, w, g))
+  assert 1e-3 < _rel(y, x64 @ w64 + np.asarray(bias)) < 6e-2  # it did quantize, and closely
+  assert _rel(dx, g64 @ w64.T) < 6e-2
+  assert _rel(dw, np.einsum("bmk,bmn->kn", x64, g64)) < 6e-2
+  assert _rel(db, g64.sum((0, 1))) < 1e-2
+
+
+@needs_transposes
+def test_fp8_linear_kernels_match_the_xla_path_in_interpret_mode():
+  x = _normal((130, 256), seed=11).astype(jnp.bfloat16)
+  w, bias = _normal((256, 136), 256**-0.5, seed=12), None
+  g = _normal((130, 136), seed=13).astype(jnp.bfloat16)
+  ours = _linear_grads("interpret", x, w, bias, g)
+  ref = _linear_grads("xla", x, w, bias, g)
+  for name, got, want in zip(("y", "dx", "dw"), ours, ref):
+    assert _rel(got, want) < 1e-2, name
+
+
+def test_fp8_linear_bad_input():
+  with pytest.raises(ValueError, match=r"x must be \(..., K\) and w \(K, N\)"):
+    bw.blockwise_fp8_linear(jnp.ones((4, 8)), jnp.ones((9, 4)))
+  with pytest.raises(TypeError, match="dtype must be one of"):
+    bw.blockwise_fp8_linear(jnp.ones((4, 8)), jnp.ones((8, 4)), dtype=jnp.bfloat16)

@@ -266,3 +266,17 @@ def test_linen_dense_checks_its_activation_at_construction():
     pflax.Dense(4, activation="tanh")
   layer = pflax.Dense(4, activation=jax.nn.gelu, dtype=jnp.bfloat16)
   assert layer.init(jax.random.key(0), jnp.ones((2, 8)))["params"]["kernel"].shape == (8, 4)
+
+
+def test_blockwise_fp8_linear_layer_tracks_nnx_linear():
+  kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  ours = pflax.BlockwiseFp8Linear(256, 136, implementation="xla", rngs=nnx.Rngs(0), **kw)
+  ref = nnx.Linear(256, 136, rngs=nnx.Rngs(0), **kw)
+  x = _x((2, 70, 256))
+  y, y_ref = ours(x), ref(x)
+  assert y.dtype == jnp.bfloat16 and 1e-3 < _rel_err(y, y_ref) < 6e-2
+  loss = lambda m, x: m(x).astype(jnp.float32).sum()
+  g, g_ref = nnx.grad(loss)(ours, x), nnx.grad(loss)(ref, x)
+  assert _rel_err(g.kernel[...], g_ref.kernel[...]) < 6e-2
+  with pytest.raises(TypeError, match="fp8_dtype must be"):
+    pflax.BlockwiseFp8Linear(8, 8, fp8_dtype=jnp.int8, rngs=nnx.Rngs(0))

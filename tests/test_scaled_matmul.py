@@ -560,6 +560,4 @@ def test_fp8_linear_checks_its_scales(name, value, error, match):
   x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
   scales = {"x_scale": 1.0, "kernel_scale": 1.0, name: value}
   with pytest.raises(error, match=match):
-    scaled.fp8_linear(
-        x, w, None, scales["x_scale"], scales["kernel_scale"], implementation="xla"
-    )
+    scaled.fp8_linear(x, w, None, scales["x_scale"], scales["kernel_scale"], implementation="xla")
