@@ -15,7 +15,7 @@ from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.glu import gated_linear_unit, gated_mlp
 from pallas_gemm.grouped import ragged_dot
-from pallas_gemm.mlp import mlp
+from pallas_gemm.perceptron import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config

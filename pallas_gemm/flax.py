@@ -47,7 +47,7 @@ from pallas_gemm import fp8
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
 from pallas_gemm.glu import gated_mlp
-from pallas_gemm.mlp import mlp
+from pallas_gemm.perceptron import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
 

@@ -15,7 +15,7 @@ from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import epilogue
 from pallas_gemm.gemm import gemm
-from pallas_gemm.mlp import mlp
+from pallas_gemm.perceptron import mlp
 from tests.interpret_support import hang_guard, needs_transposes  # noqa: F401
 
 F64 = {

@@ -34,3 +34,16 @@ def test_console_script_and_extras_and_no_benchmarks_package():
       "pallas_gemm*",
   ]
   assert "recursive-include examples" in (ROOT / "MANIFEST.in").read_text()
+
+
+def test_no_module_is_shadowed_by_a_function_of_the_same_name():
+  """`import pallas_gemm.X` gives the module X wherever `pallas_gemm.X` is exported."""
+  import importlib
+  import pkgutil
+
+  import pallas_gemm
+
+  for info in pkgutil.iter_modules(pallas_gemm.__path__):
+    module = importlib.import_module(f"pallas_gemm.{info.name}")
+    exported = getattr(pallas_gemm, info.name)
+    assert exported is module, f"pallas_gemm.{info.name} is {type(exported).__name__}"
