@@ -8,6 +8,7 @@ then times the layout algebra.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import jax
@@ -69,12 +70,23 @@ def interpret_check() -> bool:
   return ok
 
 
-def main() -> int:
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m benchmarks",
+      description=__doc__.split("\n\n")[1].replace("\n", " "),
+      epilog="On a GPU, every other argument goes to the harness: see "
+      "`python -m benchmarks.matmul --help`. Other benchmarks: benchmarks.model, "
+      "benchmarks.glu, benchmarks.blockwise_fp8, benchmarks.scaled_matmul, "
+      "benchmarks.ragged_dot, benchmarks.train_step (each with --help).",
+  )
+  _, rest = parser.parse_known_args(argv)
   print(f"jax {jax.__version__}, devices: {jax.devices()}")
   if _compat.device_sm_count():
     from benchmarks import matmul as harness
 
-    return harness.main()
+    return harness.main(rest)
+  if rest:
+    parser.error(f"without a GPU there are no harness arguments to pass: {rest}")
   print(
       "No GPU here: running the kernels in GPU interpret mode on the CPU "
       "(the kernel's arithmetic at small shapes, no timings)."

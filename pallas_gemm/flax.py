@@ -372,14 +372,18 @@ class Fp8Linear(nnx.Module):
   `nnx.grad`) as usual: the forward's writes to the `Fp8Meta` variables are
   carried out of the transformations and applied to the model by `nnx.jit`,
   while the gradients cover `nnx.Param` only. Each call of the layer is one
-  step of the delayed-scaling recipe (evaluation calls update it too).
+  step of the delayed-scaling recipe, except in evaluation: `model.eval()` sets
+  `use_running_average=True` (as for BatchNorm's statistics), and the layer then
+  uses the stored scales and updates nothing; `model.train()` resumes the updates.
 
   Args:
     in_features, out_features: as `nnx.Linear`.
     use_bias, kernel_init, bias_init, param_dtype: as `nnx.Linear`.
     dtype: compute dtype of the backward GEMMs and of the output (bf16 default).
     activation: as `pallas_gemm.matmul` (a name or a jax.nn / flax.nnx function).
-    amax_history_len: entries kept per history (default 16).
+    amax_history_len: entries kept per history (default 1024, as Flax's fp8 ops and
+      TransformerEngine keep).
+    use_running_average: evaluation mode (see above; `model.eval()` sets it).
     margin: scales are divided by 2**margin (headroom).
     backward: "bf16" or "e5m2": the backward GEMMs' operands (see above).
     implementation: as `pallas_gemm.scaled_matmul` (None: the kernel on a GPU).
@@ -402,8 +406,9 @@ class Fp8Linear(nnx.Module):
       kernel_init=nnx.initializers.lecun_normal(),
       bias_init=nnx.initializers.zeros,
       activation: str | None = None,
-      amax_history_len: int = 16,
+      amax_history_len: int = 1024,
       margin: int = 0,
+      use_running_average: bool = False,
       backward: str = "bf16",
       implementation: str | None = None,
       rngs: nnx.Rngs,
@@ -427,6 +432,7 @@ class Fp8Linear(nnx.Module):
     self.margin = margin
     self.backward = backward
     self.implementation = implementation
+    self.use_running_average = use_running_average
 
   def __call__(self, inputs):
     x = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype)
@@ -445,6 +451,8 @@ class Fp8Linear(nnx.Module):
     )
     if self.activation is not None:
       y = epilogue_lib.ACTIVATIONS[self.activation](y.astype(jnp.float32)).astype(self.dtype)
+    if self.use_running_average:  # evaluation: the scales stay as training left them
+      return y.reshape(*inputs.shape[:-1], self.out_features)
     for history, scale, value in (
         (self.input_amax_history, self.input_scale, x),
         (self.kernel_amax_history, self.kernel_scale, kernel),

@@ -1,5 +1,6 @@
 """Package metadata (issue 20): a version, a license."""
 
+import pytest
 import pathlib
 import re
 
@@ -47,3 +48,14 @@ def test_no_module_is_shadowed_by_a_function_of_the_same_name():
     module = importlib.import_module(f"pallas_gemm.{info.name}")
     exported = getattr(pallas_gemm, info.name)
     assert exported is module, f"pallas_gemm.{info.name} is {type(exported).__name__}"
+
+
+def test_the_main_job_honours_help(capsys):
+  """`python -m benchmarks --help` prints its help and runs nothing."""
+  from benchmarks import __main__ as job
+
+  with pytest.raises(SystemExit) as exit_info:
+    job.main(["--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m benchmarks") and "benchmarks.blockwise_fp8" in out

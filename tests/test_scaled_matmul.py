@@ -561,3 +561,26 @@ def test_fp8_linear_checks_its_scales(name, value, error, match):
   scales = {"x_scale": 1.0, "kernel_scale": 1.0, name: value}
   with pytest.raises(error, match=match):
     scaled.fp8_linear(x, w, None, scales["x_scale"], scales["kernel_scale"], implementation="xla")
+
+
+def test_fp8_linear_freezes_its_scales_in_evaluation():
+  """`model.eval()` stops the delayed-scaling updates (as BatchNorm's statistics);
+  `model.train()` resumes them. The default history is 1024 long (Flax, TE)."""
+  pytest.importorskip("flax")
+  from flax import nnx
+  from pallas_gemm.flax import Fp8Linear
+
+  model = Fp8Linear(16, 8, implementation="xla", rngs=nnx.Rngs(0))
+  assert model.input_amax_history[...].shape == (1024,)
+  x = jnp.ones((4, 16))
+  model(x)
+  state = [v[...] for v in (model.input_amax_history, model.input_scale, model.kernel_scale)]
+  model.eval()
+  y_eval = model(3 * x)
+  after = [v[...] for v in (model.input_amax_history, model.input_scale, model.kernel_scale)]
+  for before, now in zip(state, after):
+    np.testing.assert_array_equal(np.asarray(before), np.asarray(now))
+  assert y_eval.shape == (4, 8)
+  model.train()
+  model(3 * x)
+  assert float(model.input_amax_history[...].max()) == 3.0
