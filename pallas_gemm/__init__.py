@@ -11,6 +11,12 @@ from importlib import metadata as _metadata
 
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.tuner import autotune
+from pallas_gemm.blockwise import (
+    blockwise_fp8_linear,
+    blockwise_scaled_matmul,
+    make_blockwise_fp8_dot_general,
+    quantize_blockwise,
+)
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.glu import gated_linear_unit, gated_mlp
@@ -30,14 +36,18 @@ __all__ = [
     "GemmProblem",
     "RaggedConfig",
     "autotune",
+    "blockwise_fp8_linear",
+    "blockwise_scaled_matmul",
     "dot_general",
     "fp8_linear",
     "gated_linear_unit",
     "gated_mlp",
     "lookup_config",
+    "make_blockwise_fp8_dot_general",
     "make_dot_general",
     "matmul",
     "mlp",
+    "quantize_blockwise",
     "ragged_dot",
     "scaled_matmul",
 ]

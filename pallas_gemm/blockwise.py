@@ -335,3 +335,51 @@ def _linear_bwd(static, saved, g):
 
 
 _fp8_linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+def make_blockwise_fp8_dot_general(*, dtype=jnp.float8_e4m3fn, implementation: str | None = None):
+  """A `lax.dot_general` drop-in whose dense-layer contractions run `blockwise_fp8_linear`,
+  for injection into Flax's layers (`nnx.Linear(..., dot_general=...)`,
+  `nnx.LinearGeneral`, `nnx.Einsum`): lhs (..., K) contracted on its last dim with a
+  2-D rhs, (K, N) or (N, K), no batch dims. Every other contraction (attention's
+  batched ones, ...) runs `lax.dot_general` unchanged.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> f = make_blockwise_fp8_dot_general(implementation="xla")
+  >>> layer = nnx.Linear(256, 128, dot_general=f, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  >>> layer(jnp.ones((2, 256))).shape
+  (2, 128)
+  """
+
+  def dot_general(
+      lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None
+  ):
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    dense = (
+        not lhs_b
+        and not rhs_b
+        and rhs.ndim == 2
+        and lhs.ndim >= 1
+        and tuple(lhs_c) == (lhs.ndim - 1,)
+        and tuple(rhs_c) in ((0,), (1,))
+        and jnp.issubdtype(lhs.dtype, jnp.floating)
+        and jnp.issubdtype(rhs.dtype, jnp.floating)
+        and out_sharding is None
+    )
+    if not dense:
+      return jax.lax.dot_general(
+          lhs,
+          rhs,
+          dimension_numbers,
+          precision=precision,
+          preferred_element_type=preferred_element_type,
+          out_sharding=out_sharding,
+      )
+    out_dtype = preferred_element_type or jnp.result_type(lhs, rhs)
+    w = rhs if tuple(rhs_c) == (0,) else rhs.T
+    y = blockwise_fp8_linear(lhs.astype(out_dtype), w, dtype=dtype, implementation=implementation)
+    return y.astype(out_dtype)
+
+  return dot_general

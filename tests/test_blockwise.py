@@ -208,3 +208,22 @@ def test_fp8_linear_bad_input():
     bw.blockwise_fp8_linear(jnp.ones((4, 8)), jnp.ones((9, 4)))
   with pytest.raises(TypeError, match="dtype must be one of"):
     bw.blockwise_fp8_linear(jnp.ones((4, 8)), jnp.ones((8, 4)), dtype=jnp.bfloat16)
+
+
+def test_the_dot_general_runs_dense_contractions_blockwise_and_others_as_lax():
+  f = bw.make_blockwise_fp8_dot_general(implementation="xla")
+  x, w = _normal((3, 5, 256), seed=20), _normal((256, 136), 256**-0.5, seed=21)
+  dense = (((2,), (0,)), ((), ()))
+  y = f(x, w, dense)
+  np.testing.assert_array_equal(
+      np.asarray(y), np.asarray(bw.blockwise_fp8_linear(x, w, implementation="xla"))
+  )
+  y_nk = f(x, w.T, (((2,), (1,)), ((), ())))  # weights stored (N, K)
+  np.testing.assert_array_equal(np.asarray(y_nk), np.asarray(y))
+  assert 1e-3 < _rel(y, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) < 6e-2
+  # a batched contraction (attention-like) is lax's, exactly
+  q, k = _normal((2, 8, 16), seed=22), _normal((2, 8, 16), seed=23)
+  batched = (((2,), (2,)), ((0,), (0,)))
+  np.testing.assert_array_equal(
+      np.asarray(f(q, k, batched)), np.asarray(jax.lax.dot_general(q, k, batched))
+  )

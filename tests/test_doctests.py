@@ -12,7 +12,13 @@ import benchmarks
 import layouts
 import pallas_gemm
 
-NEEDS_FLAX = ("pallas_gemm.flax", "benchmarks.model", "benchmarks.models", "benchmarks.timeline")
+NEEDS_FLAX = (
+    "pallas_gemm.flax",
+    "pallas_gemm.blockwise",
+    "benchmarks.model",
+    "benchmarks.models",
+    "benchmarks.timeline",
+)
 
 
 def _modules():

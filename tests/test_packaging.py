@@ -1,8 +1,9 @@
 """Package metadata (issue 20): a version, a license."""
 
-import pytest
 import pathlib
 import re
+
+import pytest
 
 import pallas_gemm
 

@@ -515,6 +515,9 @@ def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
       == 0
   )
   assert "PASS" in capsys.readouterr().out
+  small = ["--steps", "40", "--batch", "64", "--sizes", "32,64,16", "--implementation", "xla"]
+  assert example.main([*small, "--log-every", "20", "--recipe", "blockwise"]) == 0
+  assert "BlockwiseFp8Linear" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("implementation", ["xla", "interpret"])
