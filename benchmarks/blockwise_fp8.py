@@ -6,7 +6,9 @@
 Shapes are MxNxK, A (M, K) e4m3 with (1 x 128) scales, B (N, K) e4m3 with (128 x 128)
 scales (`quantize_blockwise` of N(0, 1) and N(0, 1/K) data). Contenders, interleaved
 in rounds on the same inputs (CUPTI, every kernel of a call counted, median):
-  pallas_gemm    `blockwise_scaled_matmul` (the scales applied per K block in registers)
+  pallas_gemm    `blockwise_scaled_matmul` (the scales applied per K block in registers;
+                 two K blocks' WGMMAs in flight while the first is scaled)
+  pallas_serial  the same with `promotion_depth=1`: each block's WGMMA waited for, then scaled
   xla_dequant    dequantize both operands to bf16 in XLA, then `jnp.dot` (cuBLAS): what a
                  JAX user can do without a blockwise kernel
   per_tensor     the project's per-tensor `scaled_matmul` on the same fp8 bytes (scales 1):
@@ -21,6 +23,7 @@ per_tensor at 4096x7168x16384.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -32,7 +35,7 @@ import numpy as np
 
 from benchmarks.matmul import cupti_times_ms, environment, parse_shapes
 from pallas_gemm import blockwise as bw
-from pallas_gemm import scaled_matmul
+from pallas_gemm import GemmProblem, scaled_matmul
 
 NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 """DeepSeek-V3's projection (N, K) pairs."""
@@ -61,7 +64,21 @@ def contenders(implementation):
       ),
       "xla_dequant": dequant,
   }
+
+  def serial(xq, wq, xs, ws):
+    problem = GemmProblem(
+        m=xq.shape[0],
+        n=wq.shape[0],
+        k=xq.shape[1],
+        dtype=xq.dtype.name,
+        transpose_b=True,
+        block_scaled=True,
+    )
+    config = dataclasses.replace(bw.block_config(problem), promotion_depth=1)
+    return bw.blockwise_scaled_matmul(xq, wq, xs, ws, config=config, implementation=implementation)
+
   if implementation != "xla":
+    fns["pallas_serial"] = serial
     fns["per_tensor"] = lambda xq, wq, xs, ws: scaled_matmul(
         xq, wq, 1.0, 1.0, out_dtype=jnp.bfloat16, implementation=implementation
     )
@@ -124,7 +141,7 @@ def format_table(rows) -> str:
   for row in rows:
     by_case.setdefault(row["case"], {})[row["contender"]] = row
   present = {r["contender"] for r in rows}
-  names = [n for n in ("pallas_gemm", "xla_dequant", "per_tensor") if n in present]
+  names = [n for n in ("pallas_gemm", "pallas_serial", "xla_dequant", "per_tensor") if n in present]
   lines = [
       "| MxNxK | "
       + " | ".join(f"{n} ms (TFLOP/s)" for n in names)

@@ -8,6 +8,7 @@
 #   bash benchmarks/run_device.sh sweeps  # the shape sweeps alone, on a shorter budget (~6 min)
 #   bash benchmarks/run_device.sh heldout # the held-out sweep and every default checked (~5 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
+#   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -60,6 +61,11 @@ case "${1:-}" in
     step glu_mlp 220 12 python -u -m benchmarks.glu --block mlp --rounds 3 --iterations 5 \
       --out "$OUT/glu"
     ;;
+  blockwise)
+    step blockwise_check 150 3 python -u -m pytest -q -m gpu tests/test_blockwise.py
+    step blockwise_fp8 240 20 python -u -m benchmarks.blockwise_fp8 --rounds 3 --iterations 5 \
+      --out "$OUT/blockwise"
+    ;;
   heldout)
     step check_defaults 240 2 python -u -m benchmarks.calibrate --check heldout,fit,odd
     step sweep_heldout 300 3 python -u -m benchmarks.matmul --sweep heldout --budget-s 260 \
@@ -69,7 +75,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|calibrate" >&2
     exit 2
     ;;
 esac

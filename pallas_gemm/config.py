@@ -108,6 +108,9 @@ class GemmConfig:
     stream_k: spread the partial last wave of tiles over every SM at K-step
       granularity, reduced inside the kernel (`pallas_gemm.stream_k`);
       cooperative, split_k=1, and not in GPU interpret mode (no GMEM semaphores).
+    promotion_depth: blockwise fp8 only: K blocks multiplied into fresh accumulators
+      before their products are scaled into the sum (`Ring.mma_promoted`): 2 lets one
+      block's WGMMA run while the previous block is scaled; 1 is serial.
   """
 
   tile_m: int = 128
@@ -123,6 +126,7 @@ class GemmConfig:
   num_sms: int | None = None
   split_k: int = 1
   stream_k: bool = False
+  promotion_depth: int = 2
 
   def __post_init__(self):
     """Types, checked at construction (a cache file's entries too): positive ints where
@@ -154,6 +158,8 @@ class GemmConfig:
       object.__setattr__(self, field, tuple(value))
     if not isinstance(self.stream_k, bool):
       fail("stream_k", "must be a bool")
+    if self.promotion_depth not in (1, 2) or isinstance(self.promotion_depth, bool):
+      fail("promotion_depth", "must be 1 or 2")
     for field in ("schedule", "wg_split", "raster"):
       if not isinstance(getattr(self, field), str):
         fail(field, "must be a str")

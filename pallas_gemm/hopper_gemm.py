@@ -352,7 +352,9 @@ def _kernel(
 
       if prob.block_scaled:
         _epilogue(
-            ring.mma_promoted((wm, wn), step0, kb, ke, operands, block_scale),
+            ring.mma_promoted(
+                (wm, wn), step0, kb, ke, operands, block_scale, depth=cfg.promotion_depth
+            ),
             batch_idx,
             row0,
             col0,

@@ -165,33 +165,54 @@ class Ring:
     else:
       pl.when(k_end > k_begin)(release_last)
 
-  def mma_promoted(self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable):
+  def mma_promoted(
+      self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable, depth: int = 2
+  ):
     """Consumer: sum over K steps [k_begin, k_end) of `scale(k, *views) * (a @ b)`, each
     step's product in a fresh f32 WGMMA accumulator promoted into a register sum (the
     per-K-block dequantization of blockwise-scaled fp8: DeepGEMM's and CUTLASS's
     promotion, which also keeps fp8 WGMMA's reduced-precision accumulation to one block).
 
     `operands` as in `mma`; `scale(k, *stage_views)` returns the multiplier of step k's
-    (`shape`) product, read before the stage is released. Returns the f32 sum.
+    (`shape`) product, read before the stage is released. `depth` 2 issues the WGMMAs
+    of two steps before scaling the first, so that the second runs on the tensor cores
+    while the first is scaled; 1 is serial. Bounds are Python ints. Returns the f32 sum.
     """
 
-    def body(k, total):
-      step = step0 + k - k_begin
-      slot = self.slot(step)
+    def issue(k, acc):
+      slot = self.slot(step0 + k - k_begin)
       plgpu.barrier_wait(self.loaded.at[slot])
       views = tuple(buffer.at[slot] for buffer in self.buffers)
-      a, b = operands(k, *views)
+      plgpu.wgmma(acc, *operands(k, *views))
+      return slot, views
 
-      def block_product(acc):  # a fresh (zeroed) accumulator per K block
-        plgpu.wgmma(acc, a, b)
-        return acc[...]  # waits for the WGMMA
-
-      part = pl.run_scoped(block_product, plgpu.ACC(shape, jnp.float32))
+    def promote(k, acc, slot, views, total, in_flight):
+      part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # this step's WGMMA done
       factor = scale(k, *views)
       plgpu.barrier_arrive(self.consumed.at[slot])
       return total + part * factor
 
-    return lax.fori_loop(k_begin, k_end, body, jnp.zeros(shape, jnp.float32))
+    def steps(k, total, count):
+      """`count` (1 or 2) steps from k, their accumulators zeroed by the scope."""
+
+      def scoped(*accs):
+        issued = [issue(k + i, acc) for i, acc in enumerate(accs)]
+        out = total
+        for i, (acc, (slot, views)) in enumerate(zip(accs, issued)):
+          out = promote(k + i, acc, slot, views, out, in_flight=count - 1 - i)
+        return out
+
+      return pl.run_scoped(scoped, *[plgpu.ACC(shape, jnp.float32)] * count)
+
+    total = jnp.zeros(shape, jnp.float32)
+    count = k_end - k_begin
+    pairs = count // depth if depth == 2 else 0
+    if pairs:
+      total = lax.fori_loop(0, pairs, lambda i, t: steps(k_begin + depth * i, t, depth), total)
+    rest_begin = k_begin + depth * pairs
+    if rest_begin < k_end:
+      total = lax.fori_loop(rest_begin, k_end, lambda k, t: steps(k, t, 1), total)
+    return total
 
   def skip(self, step0, count) -> None:
     """Consumer: lets `count` stages from step0 pass unread (wait, release), as a

@@ -3,6 +3,7 @@ saturation; the GEMM against float64 of the dequantized operands on XLA and on t
 kernel in GPU interpret mode, at shapes that are not multiples of a block or tile,
 for every scale granularity; the CUDA lowering; bad input."""
 
+import dataclasses
 import zlib
 
 import hypothesis
@@ -94,6 +95,28 @@ def test_matches_float64_of_the_dequantized_operands(implementation, b_block, dt
   )
   assert y.shape == (200, 136) and y.dtype == jnp.float32
   assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-6
+
+
+@needs_transposes
+@pytest.mark.parametrize("depth", [1, 2])
+def test_promotion_depths_agree_in_interpret_mode(depth):
+  # 5 K blocks: two pairs and a single one at depth 2
+  xq, wq, xs, ws = _operands(130, 136, 600, (128, 128), seed=6)
+  config = dataclasses.replace(
+      bw.block_config(_problem(130, 136, 600)), promotion_depth=depth, num_sms=2
+  )
+  y = bw.blockwise_scaled_matmul(
+      xq, wq, xs, ws, out_dtype=jnp.float32, config=config, implementation="interpret"
+  )
+  assert _rel(y, _reference(xq, wq, xs, ws, (128, 128))) < 1e-6
+
+
+def _problem(m, n, k):
+  from pallas_gemm.config import GemmProblem
+
+  return GemmProblem(
+      m=m, n=n, k=k, dtype="float8_e4m3fn", out_dtype="float32", transpose_b=True, block_scaled=True
+  )
 
 
 @needs_transposes  # fp8 B is read through a transposed view
@@ -227,3 +250,12 @@ def test_the_dot_general_runs_dense_contractions_blockwise_and_others_as_lax():
   np.testing.assert_array_equal(
       np.asarray(f(q, k, batched)), np.asarray(jax.lax.dot_general(q, k, batched))
   )
+
+
+@needs_transposes
+def test_the_benchmark_runs_on_the_cpu(capsys):
+  from benchmarks import blockwise_fp8 as harness
+
+  assert harness.main(["--cpu-smoke", "--rounds", "1", "--iterations", "1"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert "pallas_gemm=" in " ".join(out) and out[-1].startswith("| 200x136x300 |")
