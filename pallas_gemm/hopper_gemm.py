@@ -41,7 +41,9 @@ from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
+from pallas_gemm import tile_epilogue
 from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
+from pallas_gemm.tile_epilogue import at
 
 EXPERIMENT_COMPILER_PARAMS: dict = {}
 """Extra `plgpu.CompilerParams` fields for benchmark experiments only (NOTES.md);
@@ -108,13 +110,6 @@ class _Plan:
     return self.workers * self.config.cluster_size * 2
 
 
-def _at(ref, batch_idx, rows, cols):
-  """`ref[batch_idx, rows, cols]` for a 3-D ref, `ref[rows, cols]` for 2-D."""
-  if len(ref.shape) == 3:
-    return ref.at[batch_idx, rows, cols]
-  return ref.at[rows, cols]
-
-
 def _tile_position(p: _Plan, tile_index):
   """(batch, m_tile, n_tile) of this CTA for a linear cluster-tile index.
 
@@ -165,9 +160,7 @@ def _kernel(
   # `epilogue.gated_slope` the gated unit's up pre-activation too (slot r of a chunk).
   residuals = [r for r in (residual_gmem, residual_up_gmem) if r is not None]
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
-  em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
-  slots = cfg.epilogue_slots
   pingpong = cfg.schedule == "pingpong"
   out_dtype = out_gmem.dtype
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
@@ -177,24 +170,24 @@ def _kernel(
   a_collective = "cluster" if cn > 1 else None  # CTAs along N share the A tile
   b_collective = "cluster" if cm > 1 else None  # CTAs along M share the B tile
 
-  def scoped(
-      ring_refs,
-      out_smem,
-      bias_smem,
-      bias_loaded,
-      c_loaded,
-      row_bias_smem,
-      row_bias_loaded,
-      res_smem,
-      res_loaded,
-      row_scale_smem,
-      row_scale_loaded,
-      col_scale_smem,
-      col_scale_loaded,
-      amax_smem,
-  ):
+  def scoped(ring_refs, **epilogue_refs):
     ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
+    epi = tile_epilogue.build(
+        p,
+        wg,
+        out_gmem=out_gmem,
+        pre_gmem=pre_gmem,
+        up_pre_gmem=up_pre_gmem,
+        amax_gmem=amax_gmem,
+        bias_gmem=bias_gmem,
+        row_bias_gmem=row_bias_gmem,
+        c_gmem=c_gmem,
+        residuals=residuals,
+        row_scale_gmem=row_scale_gmem,
+        col_scale_gmem=col_scale_gmem,
+        **epilogue_refs,
+    )
 
     def for_each_unit(visit):
       """Calls visit(step0, tile_index, kb, ke) for this CTA's work, in order.
@@ -251,10 +244,10 @@ def _kernel(
             cols_b = pl.ds(ni * (tn // 2), tn // 2)
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
-          views = [_at(a_gmem, batch_idx, rows_a, cols_a), _at(b_gmem, batch_idx, rows_b, cols_b)]
+          views = [at(a_gmem, batch_idx, rows_a, cols_a), at(b_gmem, batch_idx, rows_b, cols_b)]
           collectives = [a_collective, b_collective]
           if b_up_gmem is not None:
-            views.append(_at(b_up_gmem, batch_idx, rows_b, cols_b))
+            views.append(at(b_up_gmem, batch_idx, rows_b, cols_b))
             collectives.append(b_collective)
           if prob.block_scaled:  # this K block's scales: A's rows of the tile, B's block
             views.append(a_scales_gmem.at[pl.ds(k, 1), pl.ds(mi * tm, tm)])
@@ -288,8 +281,6 @@ def _kernel(
         b_tile = _compat.transpose_2d(b_tile)
       return a_tile, b_tile
 
-    chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
-
     def block_scale(_, a_tile, b_tile, a_scales, b_scales):
       """Blockwise fp8: the multiplier of one K block's product, A's per-row scales of
       this warpgroup's rows times B's (128 x 128) block scale or per-row scales."""
@@ -299,20 +290,6 @@ def _kernel(
         return factor * b_scales[0, 0]
       cols = pl.ds(0 if pingpong or cfg.wg_split != "n" else wg * wn, wn)
       return factor * lax.broadcast_in_dim(b_scales[0, cols], (wm, wn), (1,))
-
-    def chunk_window(chunk, row0, col0):
-      """The (rows, cols) slices of epilogue chunk `chunk` of the tile at (row0, col0)."""
-      i, j = divmod(chunk, wn // en)
-      return pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
-
-    def load_residuals(chunk, slot, batch_idx, row0, col0):
-      """TMA-loads every residual operand's epilogue chunk `chunk` into residual slot `slot`."""
-      for r, source in enumerate(residuals):
-        plgpu.copy_gmem_to_smem(
-            _at(source, batch_idx, *chunk_window(chunk, row0, col0)),
-            res_smem.at[wg, slot, r],
-            res_loaded.at[wg * slots + slot],
-        )
 
     def compute_unit(step0, tile_index, kb, ke):
       """K steps [kb, ke) of one tile; then its epilogue, or its stream-K partial."""
@@ -325,33 +302,16 @@ def _kernel(
       else:
         row0, col0 = mi * tm, ni * tn + wg * wn
 
-      def stage_vectors():
-        """Per-column and per-row vectors of this warpgroup's tile, loaded during the K loop."""
-        for gmem, staged, loaded_at, start, extent in (
-            (bias_gmem, bias_smem, bias_loaded, col0, wn),
-            (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
-            (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
-            (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn),
-        ):
-          if staged is not None:
-            plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
-        if res_smem is not None:
-          # The residual's first chunks too: a load issued in the epilogue would stall
-          # it for a whole HBM round trip (NOTES exp. 57); later chunks load one chunk
-          # ahead in the epilogue.
-          for chunk in range(min(slots, chunks)):
-            load_residuals(chunk, chunk % slots, batch_idx, row0, col0)
-
       # Only units that run the epilogue stage them (each load is waited for once).
       if whole:
-        stage_vectors()
+        epi.stage_vectors(batch_idx, row0, col0)
       else:
-        pl.when(kb == 0)(stage_vectors)
+        pl.when(kb == 0)(lambda: epi.stage_vectors(batch_idx, row0, col0))
       # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
       scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
 
       if prob.block_scaled:
-        _epilogue(
+        epi.run(
             ring.mma_promoted(
                 (wm, wn), step0, kb, ke, operands, block_scale, depth=cfg.promotion_depth
             ),
@@ -367,7 +327,7 @@ def _kernel(
         @functools.partial(pl.run_scoped, acc=[plgpu.ACC((wm, wn // 2), jnp.float32)] * 2)
         def _(acc):
           ring.mma(tuple(acc), step0, kb, ke, operands)
-          _gated_epilogue(acc[0][...], acc[1][...], batch_idx, row0, col0)
+          epi.run_gated(acc[0][...], acc[1][...], batch_idx, row0, col0)
 
         return
 
@@ -376,7 +336,7 @@ def _kernel(
         ring.mma(acc, step0, kb, ke, operands)
         result = acc[...]
         if whole:
-          _epilogue(result, batch_idx, row0, col0, scalars)
+          epi.run(result, batch_idx, row0, col0, scalars)
           return
         pl.when(kb > 0)(lambda: contribute(result))
         pl.when(kb == 0)(lambda: finish(result, tile_index, batch_idx, row0, col0, scalars))
@@ -399,7 +359,7 @@ def _kernel(
         valid = c < contributors
         pl.when(valid)(lambda: pl.semaphore_wait(semaphores.at[partial_slot(worker)], 1))
         partials.append((partials_gmem.at[partial_slot(worker)], valid))
-      _epilogue(result, batch_idx, row0, col0, scalars, partials)
+      epi.run(result, batch_idx, row0, col0, scalars, partials)
 
     def consumer():
       if not pingpong:
@@ -417,164 +377,6 @@ def _kernel(
 
       pipeline.persistent_loop(p.num_tiles, alternate, steps_of=p.k_iters, workers=p.workers)
       plgpu.wait_smem_to_gmem(0)
-
-    def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
-      """Epilogue of one warpgroup tile, chunk by chunk; `partials`: stream-K
-      contributors' (f32 GMEM tile, valid) pairs, added to each chunk first."""
-      if bias_smem is not None:
-        plgpu.barrier_wait(bias_loaded.at[wg])
-      if row_bias_smem is not None:
-        plgpu.barrier_wait(row_bias_loaded.at[wg])
-      for loaded_barrier in (row_scale_loaded, col_scale_loaded):
-        if loaded_barrier is not None:
-          plgpu.barrier_wait(loaded_barrier.at[wg])
-      row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
-      # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
-      # With a store count that is not a multiple of the slots, the next tile's
-      # first store reuses the slot of this tile's last one: keep none in flight.
-      per_chunk = 1 if pre_gmem is None else 2
-      in_flight = slots - 1 if (wm // em) * (wn // en) * per_chunk % slots == 0 else 0
-      for i in range(wm // em):
-        row_max = None
-        for j in range(wn // en):
-          store = (i * (wn // en) + j) * per_chunk
-          out_slot = store % slots
-          buf = out_smem.at[wg, out_slot]
-          rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
-          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-          c_tile = res_tile = None
-          barrier = wg * slots + out_slot
-          chunk = i * (wn // en) + j
-          if res_smem is not None:  # loaded with the vectors, or after chunk - slots
-            res_barrier = res_loaded.at[wg * slots + chunk % slots]
-          if c_gmem is not None:
-            plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
-            plgpu.barrier_wait(c_loaded.at[barrier])
-            c_tile = buf[...]
-          bias_tile = row_bias_tile = None
-          if bias_smem is not None:
-            bias_tile = lax.broadcast_in_dim(bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
-          if row_bias_smem is not None:
-            row_bias_tile = lax.broadcast_in_dim(
-                row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,)
-            )
-          if res_smem is not None:
-            plgpu.barrier_wait(res_barrier)
-            res_tile = tuple(res_smem[wg, chunk % slots, r] for r in range(len(residuals)))
-            res_tile = res_tile if len(res_tile) > 1 else res_tile[0]
-          scales = []
-          if scalars is not None:
-            scales.append(scalars[0])
-          if row_scale_smem is not None:
-            scales.append(
-                lax.broadcast_in_dim(row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
-            )
-          if col_scale_smem is not None:
-            scales.append(
-                lax.broadcast_in_dim(col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
-            )
-          acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
-          for partial, valid in partials:
-            part = _compat.load_registers(
-                partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA
-            )
-            acc_chunk += jnp.where(
-                lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
-            )
-          y = epilogue_lib.affine(
-              p.epilogue,
-              acc_chunk,
-              c=c_tile,
-              bias=bias_tile,
-              row_bias=row_bias_tile,
-              scales=tuple(scales),
-          )
-          if pre_gmem is not None:
-            # pre; or, with `gated_slope`, the up pre-activation's cotangent
-            second = y
-            if p.epilogue.gated_slope is not None:
-              second = epilogue_lib.up_cotangent(p.epilogue, y, gate=res_tile[0])
-            buf[...] = second.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buf, _at(pre_gmem, batch_idx, rows, cols))
-            buf = out_smem.at[wg, (store + 1) % slots]
-            plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-          y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
-          last_chunk = i == wm // em - 1 and j == wn // en - 1
-          if amax_smem is not None:
-            chunk_max = _row_abs_max(y, col0 + j * en)
-            row_max = chunk_max if row_max is None else jnp.maximum(row_max, chunk_max)
-            if last_chunk:
-              # The wait before this chunk's (last) store left at most one store in
-              # flight, so the previous tile's amax store, issued before it, has
-              # finished reading amax_smem[wg].
-              for ii, maxima in enumerate((*row_maxima, row_max)):
-                amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(maxima, jnp.float32)
-          y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
-          buf[...] = y.astype(out_dtype)
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
-          if res_smem is not None and chunk + slots < chunks:
-            # This chunk's residual slot is free (commit_smem ordered every read of it):
-            # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
-            load_residuals(chunk + slots, chunk % slots, batch_idx, row0, col0)
-          if amax_smem is not None and last_chunk:
-            plgpu.copy_smem_to_gmem(
-                amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
-            )
-        row_maxima.append(row_max)
-
-    def _gated_epilogue(gate, up, batch_idx, row0, col0):
-      """Epilogue of a gated warpgroup tile: the gate and up accumulators of output
-      columns col0/2 + [0, wn/2) (col0 counts both halves, as the bias does).
-      Each output chunk is act(gate + bias) * (up + bias); with `pre_gmem`, the two
-      pre-activations are stored first (what the backward reads)."""
-      if bias_smem is not None:
-        plgpu.barrier_wait(bias_loaded.at[wg])
-      half = wn // 2
-      per_chunk = 1 if pre_gmem is None else 3
-      in_flight = slots - 1 if (wm // em) * (half // en) * per_chunk % slots == 0 else 0
-      affine_spec = dataclasses.replace(p.epilogue, activation=None, gated=False)
-      store = 0
-      out_col0 = pl.multiple_of(lax.div(col0, 2), half)
-      for i in range(wm // em):
-        for j in range(half // en):
-          rows, cols = pl.ds(row0 + i * em, em), pl.ds(out_col0 + j * en, en)
-          pres = []
-          for offset, result in ((0, gate), (half, up)):
-            bias_tile = None
-            if bias_smem is not None:
-              bias_tile = lax.broadcast_in_dim(
-                  bias_smem[wg, pl.ds(offset + j * en, en)], (em, en), (1,)
-              )
-            acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
-            pres.append(epilogue_lib.affine(affine_spec, acc_chunk, bias=bias_tile))
-          values = [epilogue_lib.gated(p.epilogue, *pres)]
-          targets = [out_gmem]
-          if pre_gmem is not None:
-            values, targets = [*pres, *values], [pre_gmem, up_pre_gmem, out_gmem]
-          for value, target in zip(values, targets):
-            buf = out_smem.at[wg, store % slots]
-            plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-            buf[...] = value.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buf, _at(target, batch_idx, rows, cols))
-            store += 1
-
-    def _row_abs_max(y, first_col):
-      """max |y| along each row of an epilogue chunk, columns >= valid_n left out, as
-      the int32 bits of the f32 result (bitcast back when stored).
-
-      |y|'s bits order like |y| and put NaN above Inf, so an integer max propagates
-      NaN as XLA's max does (a float max on the GPU returns the other operand). A
-      reduction along rows stays inside each warp (shuffles): no shared scratch,
-      which the two consumer warpgroups would otherwise race on.
-      """
-      bits = lax.bitcast_convert_type(y, jnp.int32) & jnp.int32(0x7FFFFFFF)
-      if p.valid_n % wn:  # the column tiles past valid_n are dropped by the caller
-        cols = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1)
-        bits = jnp.where(cols < p.valid_n, bits, 0)
-      return jnp.max(bits, axis=1)
 
     pipeline.warp_specialized(producer, consumer)
 
@@ -594,31 +396,20 @@ def _kernel(
           ),
           cluster=cfg.cluster_size > 1,
       ),
-      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=p.out_transforms),
-      bias_smem=None if bias_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
-      bias_loaded=None if bias_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2),
-      c_loaded=None if c_gmem is None else plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots),
-      row_bias_smem=None if row_bias_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
-      row_bias_loaded=None
-      if row_bias_gmem is None
-      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
-      res_smem=None
-      if residual_gmem is None
-      else plgpu.SMEM(
-          (2, slots, len(residuals), em, en), residual_gmem.dtype, transforms=p.residual_transforms
+      **tile_epilogue.scratch(
+          cfg,
+          out_dtype,
+          p.out_transforms,
+          bias=bias_gmem is not None,
+          c=c_gmem is not None,
+          row_bias=row_bias_gmem is not None,
+          residual_dtype=None if residual_gmem is None else residual_gmem.dtype,
+          residuals=len(residuals),
+          residual_transforms=p.residual_transforms,
+          row_scale=row_scale_gmem is not None,
+          col_scale=col_scale_gmem is not None,
+          amax=amax_gmem is not None,
       ),
-      res_loaded=None
-      if residual_gmem is None
-      else plgpu.Barrier(num_arrivals=len(residuals), num_barriers=2 * slots),
-      row_scale_smem=None if row_scale_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
-      row_scale_loaded=None
-      if row_scale_gmem is None
-      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
-      col_scale_smem=None if col_scale_gmem is None else plgpu.SMEM((2, wn), jnp.float32),
-      col_scale_loaded=None
-      if col_scale_gmem is None
-      else plgpu.Barrier(num_arrivals=1, num_barriers=2),
-      amax_smem=None if amax_gmem is None else plgpu.SMEM((2, wm), jnp.float32),
       collective_axes="wg",
   )
 

@@ -1,0 +1,332 @@
+"""The fused epilogue of one warpgroup tile of `hopper_gemm`: its vectors and first
+residual chunks staged during the K loop, then chunk by chunk from registers through
+SMEM slots to TMA stores.
+
+`build` returns the three functions the kernel calls (`TileEpilogue`); `scratch` gives
+the SMEM buffers and barriers they use, for the kernel's `pl.run_scoped`. The formula
+applied to each chunk is `pallas_gemm.epilogue`'s (the XLA path runs the same one).
+
+Per chunk (em x en of the warpgroup's wm x wn accumulator): affine part (alpha, runtime
+scales, beta * c, biases), stream-K partials added first; `pre` stored when asked
+(or, with `gated_slope`, the up cotangent); then activation and residual, amax, the
+fp8 quantization, the store. Stores rotate through `slots` SMEM buffers with at most
+`slots - 1` in flight; a residual chunk past the first `slots` is loaded right after
+the store that freed its slot (NOTES exps. 57-58).
+
+>>> import jax.numpy as jnp
+>>> from pallas_gemm.config import GemmConfig
+>>> refs = scratch(GemmConfig(), jnp.bfloat16, (), bias=True, c=False, row_bias=False,
+...                residual_dtype=None, residuals=0, residual_transforms=None,
+...                row_scale=False, col_scale=False, amax=False)
+>>> [name for name, ref in sorted(refs.items()) if ref is not None]
+['bias_loaded', 'bias_smem', 'out_smem']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
+
+
+def at(ref, batch_idx, rows, cols):
+  """`ref[batch_idx, rows, cols]` for a 3-D ref, `ref[rows, cols]` for 2-D."""
+  if len(ref.shape) == 3:
+    return ref.at[batch_idx, rows, cols]
+  return ref.at[rows, cols]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileEpilogue:
+  """What the kernel calls, per warpgroup tile at (batch_idx, row0, col0).
+
+  stage_vectors(batch_idx, row0, col0): issues the loads of the tile's bias and scale
+    vectors and first residual chunks (before the K loop, so they hide behind it).
+  run(result, batch_idx, row0, col0, scalars, partials=()): the epilogue of an f32
+    accumulator; `partials` are stream-K contributors' (f32 GMEM tile, valid) pairs.
+  run_gated(gate, up, batch_idx, row0, col0): a gated GEMM's (`EpilogueSpec.gated`).
+  """
+
+  stage_vectors: Callable
+  run: Callable
+  run_gated: Callable
+
+
+def scratch(
+    config,
+    out_dtype,
+    out_transforms,
+    *,
+    bias,
+    c,
+    row_bias,
+    residual_dtype,
+    residuals,
+    residual_transforms,
+    row_scale,
+    col_scale,
+    amax,
+):
+  """The SMEM buffers and barriers of the epilogue (None where unused), by name: the
+  keyword arguments of `build`, for `pl.run_scoped`."""
+  em, en = config.epilogue_shape
+  wm, wn = config.wg_tile
+  slots = config.epilogue_slots
+  vector = lambda present, extent: plgpu.SMEM((2, extent), jnp.float32) if present else None
+  loaded = lambda present, count=2: (
+      plgpu.Barrier(num_arrivals=1, num_barriers=count) if present else None
+  )
+  return dict(
+      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_transforms),
+      bias_smem=vector(bias, wn),
+      bias_loaded=loaded(bias),
+      c_loaded=loaded(c, 2 * slots),
+      row_bias_smem=vector(row_bias, wm),
+      row_bias_loaded=loaded(row_bias),
+      res_smem=None
+      if residual_dtype is None
+      else plgpu.SMEM(
+          (2, slots, residuals, em, en), residual_dtype, transforms=residual_transforms
+      ),
+      res_loaded=None
+      if residual_dtype is None
+      else plgpu.Barrier(num_arrivals=residuals, num_barriers=2 * slots),
+      row_scale_smem=vector(row_scale, wm),
+      row_scale_loaded=loaded(row_scale),
+      col_scale_smem=vector(col_scale, wn),
+      col_scale_loaded=loaded(col_scale),
+      amax_smem=vector(amax, wm),
+  )
+
+
+def build(
+    p,
+    wg,
+    *,
+    out_gmem,
+    pre_gmem,
+    up_pre_gmem,
+    amax_gmem,
+    bias_gmem,
+    row_bias_gmem,
+    c_gmem,
+    residuals,
+    row_scale_gmem,
+    col_scale_gmem,
+    out_smem,
+    bias_smem,
+    bias_loaded,
+    c_loaded,
+    row_bias_smem,
+    row_bias_loaded,
+    res_smem,
+    res_loaded,
+    row_scale_smem,
+    row_scale_loaded,
+    col_scale_smem,
+    col_scale_loaded,
+    amax_smem,
+) -> TileEpilogue:
+  """The epilogue functions of warpgroup `wg` for the kernel plan `p` (`hopper_gemm._Plan`:
+  its config, problem, epilogue spec and valid_n), over the GMEM operands and outputs
+  (None where absent; `residuals`: the residual operands, loaded side by side) and the
+  SMEM of `scratch`."""
+  cfg = p.config
+  em, en = cfg.epilogue_shape
+  wm, wn = cfg.wg_tile
+  slots = cfg.epilogue_slots
+  out_dtype = out_gmem.dtype
+  chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
+  _at = at
+
+  def chunk_window(chunk, row0, col0):
+    """The (rows, cols) slices of epilogue chunk `chunk` of the tile at (row0, col0)."""
+    i, j = divmod(chunk, wn // en)
+    return pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
+
+  def load_residuals(chunk, slot, batch_idx, row0, col0):
+    """TMA-loads every residual operand's epilogue chunk `chunk` into residual slot `slot`."""
+    for r, source in enumerate(residuals):
+      plgpu.copy_gmem_to_smem(
+          _at(source, batch_idx, *chunk_window(chunk, row0, col0)),
+          res_smem.at[wg, slot, r],
+          res_loaded.at[wg * slots + slot],
+      )
+
+  def stage_vectors(batch_idx, row0, col0):
+    """Per-column and per-row vectors of this warpgroup's tile, loaded during the K loop."""
+    for gmem, staged, loaded_at, start, extent in (
+        (bias_gmem, bias_smem, bias_loaded, col0, wn),
+        (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
+        (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
+        (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn),
+    ):
+      if staged is not None:
+        plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
+    if res_smem is not None:
+      # The residual's first chunks too: a load issued in the epilogue would stall
+      # it for a whole HBM round trip (NOTES exp. 57); later chunks load one chunk
+      # ahead in the epilogue.
+      for chunk in range(min(slots, chunks)):
+        load_residuals(chunk, chunk % slots, batch_idx, row0, col0)
+
+  def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
+    """Epilogue of one warpgroup tile, chunk by chunk; `partials`: stream-K
+    contributors' (f32 GMEM tile, valid) pairs, added to each chunk first."""
+    if bias_smem is not None:
+      plgpu.barrier_wait(bias_loaded.at[wg])
+    if row_bias_smem is not None:
+      plgpu.barrier_wait(row_bias_loaded.at[wg])
+    for loaded_barrier in (row_scale_loaded, col_scale_loaded):
+      if loaded_barrier is not None:
+        plgpu.barrier_wait(loaded_barrier.at[wg])
+    row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
+    # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
+    # With a store count that is not a multiple of the slots, the next tile's
+    # first store reuses the slot of this tile's last one: keep none in flight.
+    per_chunk = 1 if pre_gmem is None else 2
+    in_flight = slots - 1 if (wm // em) * (wn // en) * per_chunk % slots == 0 else 0
+    for i in range(wm // em):
+      row_max = None
+      for j in range(wn // en):
+        store = (i * (wn // en) + j) * per_chunk
+        out_slot = store % slots
+        buf = out_smem.at[wg, out_slot]
+        rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
+        plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+        c_tile = res_tile = None
+        barrier = wg * slots + out_slot
+        chunk = i * (wn // en) + j
+        if res_smem is not None:  # loaded with the vectors, or after chunk - slots
+          res_barrier = res_loaded.at[wg * slots + chunk % slots]
+        if c_gmem is not None:
+          plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
+          plgpu.barrier_wait(c_loaded.at[barrier])
+          c_tile = buf[...]
+        bias_tile = row_bias_tile = None
+        if bias_smem is not None:
+          bias_tile = lax.broadcast_in_dim(bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
+        if row_bias_smem is not None:
+          row_bias_tile = lax.broadcast_in_dim(row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
+        if res_smem is not None:
+          plgpu.barrier_wait(res_barrier)
+          res_tile = tuple(res_smem[wg, chunk % slots, r] for r in range(len(residuals)))
+          res_tile = res_tile if len(res_tile) > 1 else res_tile[0]
+        scales = []
+        if scalars is not None:
+          scales.append(scalars[0])
+        if row_scale_smem is not None:
+          scales.append(lax.broadcast_in_dim(row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,)))
+        if col_scale_smem is not None:
+          scales.append(lax.broadcast_in_dim(col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
+        acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
+        for partial, valid in partials:
+          part = _compat.load_registers(
+              partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA
+          )
+          acc_chunk += jnp.where(
+              lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
+          )
+        y = epilogue_lib.affine(
+            p.epilogue,
+            acc_chunk,
+            c=c_tile,
+            bias=bias_tile,
+            row_bias=row_bias_tile,
+            scales=tuple(scales),
+        )
+        if pre_gmem is not None:
+          # pre; or, with `gated_slope`, the up pre-activation's cotangent
+          second = y
+          if p.epilogue.gated_slope is not None:
+            second = epilogue_lib.up_cotangent(p.epilogue, y, gate=res_tile[0])
+          buf[...] = second.astype(out_dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(buf, _at(pre_gmem, batch_idx, rows, cols))
+          buf = out_smem.at[wg, (store + 1) % slots]
+          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+        y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
+        last_chunk = i == wm // em - 1 and j == wn // en - 1
+        if amax_smem is not None:
+          chunk_max = _row_abs_max(y, col0 + j * en)
+          row_max = chunk_max if row_max is None else jnp.maximum(row_max, chunk_max)
+          if last_chunk:
+            # The wait before this chunk's (last) store left at most one store in
+            # flight, so the previous tile's amax store, issued before it, has
+            # finished reading amax_smem[wg].
+            for ii, maxima in enumerate((*row_maxima, row_max)):
+              amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(maxima, jnp.float32)
+        y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
+        buf[...] = y.astype(out_dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+        if res_smem is not None and chunk + slots < chunks:
+          # This chunk's residual slot is free (commit_smem ordered every read of it):
+          # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
+          load_residuals(chunk + slots, chunk % slots, batch_idx, row0, col0)
+        if amax_smem is not None and last_chunk:
+          plgpu.copy_smem_to_gmem(
+              amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
+          )
+      row_maxima.append(row_max)
+
+  def _gated_epilogue(gate, up, batch_idx, row0, col0):
+    """Epilogue of a gated warpgroup tile: the gate and up accumulators of output
+    columns col0/2 + [0, wn/2) (col0 counts both halves, as the bias does).
+    Each output chunk is act(gate + bias) * (up + bias); with `pre_gmem`, the two
+    pre-activations are stored first (what the backward reads)."""
+    if bias_smem is not None:
+      plgpu.barrier_wait(bias_loaded.at[wg])
+    half = wn // 2
+    per_chunk = 1 if pre_gmem is None else 3
+    in_flight = slots - 1 if (wm // em) * (half // en) * per_chunk % slots == 0 else 0
+    affine_spec = dataclasses.replace(p.epilogue, activation=None, gated=False)
+    store = 0
+    out_col0 = pl.multiple_of(lax.div(col0, 2), half)
+    for i in range(wm // em):
+      for j in range(half // en):
+        rows, cols = pl.ds(row0 + i * em, em), pl.ds(out_col0 + j * en, en)
+        pres = []
+        for offset, result in ((0, gate), (half, up)):
+          bias_tile = None
+          if bias_smem is not None:
+            bias_tile = lax.broadcast_in_dim(
+                bias_smem[wg, pl.ds(offset + j * en, en)], (em, en), (1,)
+            )
+          acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
+          pres.append(epilogue_lib.affine(affine_spec, acc_chunk, bias=bias_tile))
+        values = [epilogue_lib.gated(p.epilogue, *pres)]
+        targets = [out_gmem]
+        if pre_gmem is not None:
+          values, targets = [*pres, *values], [pre_gmem, up_pre_gmem, out_gmem]
+        for value, target in zip(values, targets):
+          buf = out_smem.at[wg, store % slots]
+          plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
+          buf[...] = value.astype(out_dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(buf, _at(target, batch_idx, rows, cols))
+          store += 1
+
+  def _row_abs_max(y, first_col):
+    """max |y| along each row of an epilogue chunk, columns >= valid_n left out, as
+    the int32 bits of the f32 result (bitcast back when stored).
+
+    |y|'s bits order like |y| and put NaN above Inf, so an integer max propagates
+    NaN as XLA's max does (a float max on the GPU returns the other operand). A
+    reduction along rows stays inside each warp (shuffles): no shared scratch,
+    which the two consumer warpgroups would otherwise race on.
+    """
+    bits = lax.bitcast_convert_type(y, jnp.int32) & jnp.int32(0x7FFFFFFF)
+    if p.valid_n % wn:  # the column tiles past valid_n are dropped by the caller
+      cols = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1)
+      bits = jnp.where(cols < p.valid_n, bits, 0)
+    return jnp.max(bits, axis=1)
+
+  return TileEpilogue(stage_vectors, _epilogue, _gated_epilogue)
