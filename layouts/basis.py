@@ -126,4 +126,9 @@ def E(mode: int) -> ScaledBasis:
 
 
 def is_basis(x) -> bool:
+  """Whether `x` is a `ScaledBasis` (a stride along a named mode, as CuTe's E<i>).
+
+  >>> is_basis(E(0)), is_basis(3)
+  (True, False)
+  """
   return isinstance(x, ScaledBasis)

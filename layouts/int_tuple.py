@@ -48,6 +48,11 @@ def is_int(x) -> bool:
 
 
 def is_tuple(x) -> bool:
+  """Whether `x` is a (nested) IntTuple node rather than a leaf (pycute's `is_tuple`).
+
+  >>> is_tuple((2, 3)), is_tuple(4)
+  (True, False)
+  """
   return isinstance(x, tuple)
 
 
@@ -146,6 +151,11 @@ def _tdiv(a: int, b: int) -> int:
 
 
 def ceil_div(a: int, b: int) -> int:
+  """ceil(a / b) for ints (b > 0).
+
+  >>> ceil_div(7, 2), ceil_div(8, 2)
+  (4, 4)
+  """
   return -(-a // b)
 
 

@@ -80,4 +80,5 @@ def make_identity_tensor(shape) -> Tensor:
 
 
 def as_tensor(x) -> Tensor:
+  """`x` if it is a `Tensor`, else `Tensor(x)` (a layout, or what `Tensor` accepts)."""
   return x if isinstance(x, Tensor) else Tensor(x)
