@@ -546,8 +546,16 @@ def _num(x, width, digits):
 
 
 def run_model(spec, variants, args, log) -> dict:
+  """Compiles, checks and times `variants` of `spec`; the persistent compilation cache
+  it fills (unless --no-cache) is a temporary directory, removed afterwards."""
   log(f"== {spec.arch}: {spec}")
-  cache_dir = None if args.no_cache else tempfile.mkdtemp(prefix="pallas-gemm-jax-cache-")
+  if args.no_cache:
+    return _run_model(spec, variants, args, log, None)
+  with tempfile.TemporaryDirectory(prefix="pallas-gemm-jax-cache-") as cache_dir:
+    return _run_model(spec, variants, args, log, cache_dir)
+
+
+def _run_model(spec, variants, args, log, cache_dir) -> dict:
   fresh = {} if args.in_process else fresh_compiles(spec, variants, cache_dir, log)
   if args.compile_only:
     return dict(spec=dataclasses.asdict(spec), variants=fresh)
