@@ -13,6 +13,7 @@ from pallas_gemm.autodiff import matmul
 from pallas_gemm.tuner import autotune
 from pallas_gemm.blockwise import (
     blockwise_fp8_linear,
+    blockwise_ragged_dot,
     blockwise_scaled_matmul,
     make_blockwise_fp8_dot_general,
     quantize_blockwise,
@@ -37,6 +38,7 @@ __all__ = [
     "RaggedConfig",
     "autotune",
     "blockwise_fp8_linear",
+    "blockwise_ragged_dot",
     "blockwise_scaled_matmul",
     "dot_general",
     "fp8_linear",

@@ -29,6 +29,9 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import gemm as gemm_lib
+from pallas_gemm import grouped
+from pallas_gemm import ragged_gemm as rg
+from pallas_gemm import smem
 from pallas_gemm.config import FP8_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
@@ -383,3 +386,116 @@ def make_blockwise_fp8_dot_general(*, dtype=jnp.float8_e4m3fn, implementation: s
     return y.astype(out_dtype)
 
   return dot_general
+
+
+# -- grouped (MoE): contiguous groups of rows, one expert's weights each ------------------
+def blockwise_ragged_dot(
+    lhs,
+    rhs,
+    lhs_scales,
+    rhs_scales,
+    group_sizes,
+    *,
+    out_dtype=jnp.bfloat16,
+    config=None,
+    implementation: str | None = None,
+):
+  """Grouped blockwise-scaled fp8 GEMM: out[r] = (lhs[r] * s) @ (rhs[group(r)] * s)^T for
+  the rows r of each contiguous group (DeepSeek-V3's MoE layout; `jax.lax.ragged_dot`'s
+  grouping), scales applied per 128-wide K block in registers. Rows past
+  `sum(group_sizes)` come out zero.
+
+  Args:
+    lhs: (M, K) fp8 tokens sorted by expert, with `lhs_scales` f32 (M, cdiv(K, 128)).
+    rhs: (G, N, K) fp8 expert weights (K-major), with `rhs_scales` f32
+      (G, cdiv(N, 128), cdiv(K, 128)).
+    group_sizes: (G,) int rows per expert.
+    out_dtype: bf16, f16 or f32.
+    config: a `RaggedConfig` (tile_k and tile_n 128), or None.
+    implementation: None ("pallas" on a Hopper GPU, else "xla"), "pallas", "interpret"
+      or "xla" (dequantize, then `lax.ragged_dot` at HIGHEST precision).
+  """
+  if implementation not in gemm_lib.IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+  for name, x, ndim in (("lhs", lhs, 2), ("rhs", rhs, 3)):
+    if x.ndim != ndim or x.dtype.name not in FP8_DTYPES:
+      raise ValueError(f"{name} must be a {ndim}-D fp8 array, got {x.dtype} {x.shape}")
+  (m, k), (g, n, k_rhs) = lhs.shape, rhs.shape
+  if k != k_rhs:
+    raise ValueError(f"lhs (M, K) and rhs (G, N, K) must share K: {lhs.shape}, {rhs.shape}")
+  kb = -(-k // SCALE_BLOCK)
+  for name, s, shape in (
+      ("lhs_scales", lhs_scales, (m, kb)),
+      ("rhs_scales", rhs_scales, (g, -(-n // SCALE_BLOCK), kb)),
+      ("group_sizes", group_sizes, (g,)),
+  ):
+    if jnp.shape(s) != shape:
+      raise ValueError(f"{name} must have shape {shape}, got {jnp.shape(s)}")
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
+  out_dtype = jnp.dtype(out_dtype).name
+  lhs_scales, rhs_scales = (jnp.asarray(s, jnp.float32) for s in (lhs_scales, rhs_scales))
+  if implementation is None or implementation == "auto":
+    implementation = "pallas" if _compat.on_hopper() else "xla"
+  if 0 in (m, n, k, g):
+    implementation = "xla"
+  if implementation == "xla":
+    a = dequantize_blockwise(lhs, lhs_scales)
+    b = jax.vmap(lambda w, s: dequantize_blockwise(w, s, (SCALE_BLOCK, SCALE_BLOCK)))(
+        rhs, rhs_scales
+    )
+    out = jax.lax.ragged_dot(
+        a,
+        jnp.swapaxes(b, 1, 2),
+        group_sizes.astype(jnp.int32),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    return out.astype(out_dtype)
+  interpret = implementation == "interpret"
+  if interpret:
+    _compat.require_interpret_transposes(False, True)
+  problem = rg.RaggedProblem(
+      m=m,
+      n=n,
+      k=k,
+      groups=g,
+      dtype=lhs.dtype.name,
+      out_dtype=out_dtype,
+      transpose_rhs=True,
+      block_scaled=True,
+  )
+  if config is None:
+    config = fit_ragged_stages(problem)
+  if interpret and config.num_sms is None:
+    config = dataclasses.replace(config, num_sms=grouped.INTERPRET_NUM_SMS)
+  config.validate(problem)
+  lhs_p, rhs_p, rows, cols = grouped.ragged_layout(lhs, rhs, True, out_dtype, config, interpret)
+  n_tiles = -(-n // config.tile_n)
+  # Transposed scales: a K block's scales of a row box are one TMA box (1, tile_m); a group's
+  # block scale is the first of a (1, 4) box.
+  lhs_scales_t = pad_last2(lhs_scales.T, kb, round_up(max(rows, lhs_p.shape[0]) + config.tile_m, 4))
+  rhs_scales_t = jnp.pad(
+      jnp.swapaxes(rhs_scales, 1, 2), ((0, 0), (0, 0), (0, round_up(n_tiles + 3, 4) - n_tiles))
+  )
+  out = rg.ragged_gemm(
+      lhs_p,
+      rhs_p,
+      group_sizes,
+      (lhs_scales_t, rhs_scales_t),
+      problem=dataclasses.replace(problem, n=cols, m_out=rows),
+      config=config,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+  )
+  return out[:m, :n]
+
+
+def fit_ragged_stages(problem):
+  """The grouped kernel's blockwise config: 128x128x128 tiles, the deepest ring that fits."""
+  return smem.deepest(
+      lambda stages: rg.RaggedConfig(tile_n=SCALE_BLOCK, tile_k=SCALE_BLOCK, stages=stages),
+      (6, 5, 4, 3, 2),
+      lambda cfg: cfg.smem_bytes(problem) <= smem.LIMIT_BYTES,
+  )

@@ -163,7 +163,7 @@ def _xla_ragged_dot(
 
 
 # -- kernel path --------------------------------------------------------------
-def _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
+def ragged_layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
   """Pads lhs/rhs only where TMA cannot read them as they are (as `matmul` does).
 
   Returns (lhs, rhs, out_rows, out_cols). Interpret mode pads everything to
@@ -215,7 +215,7 @@ def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpr
   if interpret and config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)
   config.validate(problem)
-  lhs_p, rhs_p, rows, cols = _layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret)
+  lhs_p, rhs_p, rows, cols = ragged_layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret)
   kernel_problem = dataclasses.replace(problem, n=cols, m_out=rows)
   out = ragged_gemm(
       lhs_p,

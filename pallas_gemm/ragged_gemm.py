@@ -60,7 +60,7 @@ from pallas_gemm import compile_once
 from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, OUTPUT_DTYPES, tiles
+from pallas_gemm.config import DEFAULT_NUM_SMS, FP8_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, tiles
 
 UNROLL_GROUPS = 32
 """Up to this many groups the in-kernel item decoder is unrolled."""
@@ -89,6 +89,9 @@ class RaggedProblem:
   out_dtype: str = "bfloat16"
   transpose_rhs: bool = False
   m_out: int | None = None
+  block_scaled: bool = False
+  """fp8 operands with a scale per (1 x 128) block of lhs and (128 x 128) block of each
+  group's (N, K) rhs, applied per K block in registers (`pipeline.Ring.mma_promoted`)."""
 
   @property
   def rows(self) -> int:
@@ -139,8 +142,10 @@ class RaggedConfig:
         ((self.stages, self.tile_m, self.tile_k), problem.dtype),
         ((self.stages, self.tile_k, self.tile_n), problem.dtype),
         ((2, 2, em, en), problem.out_dtype),  # swizzled slots
-        ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype),
-    )  # boundary staging
+        ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype),  # boundary staging
+        ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
+        ((self.stages, 1, 4), "float32") if problem.block_scaled else None,
+    )
 
   def validate(self, problem: RaggedProblem) -> None:
     """Raises ValueError naming the first field that breaks a limit for `problem`."""
@@ -148,10 +153,17 @@ class RaggedConfig:
     def fail(field, msg):
       raise ValueError(f"RaggedConfig.{field}={getattr(self, field)!r}: {msg}")
 
-    if problem.dtype not in INPUT_DTYPES:
+    dtypes = FP8_DTYPES if problem.block_scaled else INPUT_DTYPES
+    if problem.dtype not in dtypes:
       raise ValueError(
-          f"input dtype {problem.dtype} not supported by the kernel; use one of {INPUT_DTYPES}"
+          f"input dtype {problem.dtype} not supported by the kernel; use one of {dtypes}"
       )
+    if problem.block_scaled:  # one scale block per K step and per rhs tile, K-major rhs
+      if not problem.transpose_rhs:
+        raise ValueError("a blockwise-scaled grouped GEMM reads rhs as (G, N, K): transpose_rhs")
+      for field in ("tile_k", "tile_n"):
+        if getattr(self, field) != 128:
+          fail(field, "a blockwise-scaled grouped GEMM runs 128 (one scale block)")
     if problem.out_dtype not in OUTPUT_DTYPES:
       raise ValueError(
           f"output dtype {problem.out_dtype} not supported; use one of {OUTPUT_DTYPES}"
@@ -330,7 +342,7 @@ def _item_decoder(sizes_gmem, p: _Plan):
   return decode
 
 
-def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
+def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gmem, *, p: _Plan):
   cfg, prob = p.config, p.problem
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   wm, wn = cfg.wg_tile
@@ -366,23 +378,28 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
               rows, cols = pl.ds(ni * tn, tn), pl.ds(k * tk, tk)
             else:
               rows, cols = pl.ds(k * tk, tk), pl.ds(ni * tn, tn)
-            ring.fill(
-                step0 + k,
-                (
-                    lhs_gmem.at[
-                        pl.ds(pl.multiple_of(item.row0, BOX_ROW_ALIGN), tm), pl.ds(k * tk, tk)
-                    ],
-                    rhs_gmem.at[item.group, rows, cols],
-                ),
-            )
+            row0 = pl.multiple_of(item.row0, BOX_ROW_ALIGN)
+            views = [
+                lhs_gmem.at[pl.ds(row0, tm), pl.ds(k * tk, tk)],
+                rhs_gmem.at[item.group, rows, cols],
+            ]
+            if prob.block_scaled:  # this K block's scales: the box's rows, the group's block
+              views.append(a_scales_gmem.at[pl.ds(k, 1), pl.ds(row0, tm)])
+              views.append(b_scales_gmem.at[item.group, pl.ds(k, 1), pl.ds(ni, 4)])
+            ring.fill(step0 + k, views)
 
         return jnp.where(item.compute, p.k_iters, 0)
 
       ring.drain(pipeline.persistent_loop(grid_size, load_item))
 
-    def operands(_, a_stage, b_stage):
+    def operands(_, a_stage, b_stage, *scales):
       a_tile = a_stage.at[pl.ds(wg * wm, wm), :]
       return a_tile, _compat.transpose_2d(b_stage) if prob.transpose_rhs else b_stage
+
+    def block_scale(_, a_stage, b_stage, a_scales, b_scales):
+      """Blockwise fp8: this warpgroup's row scales of a K block times the rhs block's."""
+      factor = lax.broadcast_in_dim(a_scales[0, pl.ds(wg * wm, wm)], (wm, wn), (0,))
+      return factor * b_scales[0, 0]
 
     def consumer():
       decode = _item_decoder(sizes_gmem, p)
@@ -392,6 +409,15 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
         @pl.when(item.active)
         def _():
+          if prob.block_scaled:
+            result = lax.cond(
+                item.compute,
+                lambda: ring.mma_promoted((wm, wn), step0, 0, p.k_iters, operands, block_scale),
+                lambda: jnp.zeros((wm, wn), jnp.float32),  # the tail: zeros
+            )
+            _epilogue(result, item, ni)
+            return
+
           @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
           def _(acc):
             pl.when(item.compute)(lambda: ring.mma(acc, step0, 0, p.k_iters, operands))
@@ -450,7 +476,9 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
   pl.run_scoped(
       scoped,
       ring_refs=pipeline.ring_scratch(
-          cfg.stages, [((tm, tk), in_dtype, ab_tf), (rhs_block, in_dtype, ab_tf)]
+          cfg.stages,
+          [((tm, tk), in_dtype, ab_tf), (rhs_block, in_dtype, ab_tf)]
+          + ([((1, tm), jnp.float32, ()), ((1, 4), jnp.float32, ())] if prob.block_scaled else []),
       ),
       out_smem=plgpu.SMEM((pipeline.CONSUMERS, slots, em, en), out_dtype, transforms=out_tf),
       stage_smem=plgpu.SMEM((pipeline.CONSUMERS, em, sn), out_dtype),
@@ -460,7 +488,14 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, out_gmem, *, p: _Plan):
 
 @compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def ragged_gemm(
-    lhs, rhs, group_sizes, *, problem: RaggedProblem, config: RaggedConfig, interpret=None
+    lhs,
+    rhs,
+    group_sizes,
+    block_scales=None,
+    *,
+    problem: RaggedProblem,
+    config: RaggedConfig,
+    interpret=None,
 ):
   """Runs the kernel on arrays already laid out for TMA (see `ragged_dot` for the API).
 
@@ -468,6 +503,9 @@ def ragged_gemm(
     lhs: (problem.rows, K') with K' >= K zero-padded.
     rhs: (G, K', N') or, with `problem.transpose_rhs`, (G, N', K').
     group_sizes: (G,) int32.
+    block_scales: with `problem.block_scaled`, (lhs_scales_t, rhs_scales_t): f32
+      (K/128, >= rows + tile_m) per-row scales of each 128-wide K block of lhs, transposed,
+      and f32 (G, K/128, >= N/128 + 3) scales of each group's (128 x 128) rhs blocks.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (problem.rows, problem.n) array of `problem.out_dtype`.
@@ -485,9 +523,14 @@ def ragged_gemm(
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   plan = _Plan(problem, config, ab_swizzle, out_swizzle)
   kernel = pipeline.launch(
-      compile_once.named_body("pallas_gemm_ragged", _kernel, p=plan),
+      compile_once.named_body(
+          "pallas_gemm_ragged" + ("_blockwise" if problem.block_scaled else ""), _kernel, p=plan
+      ),
       out_type=jax.ShapeDtypeStruct((problem.rows, problem.n), jnp.dtype(problem.out_dtype)),
       workers=num_sms,
       interpret=interpret,
   )
-  return kernel(group_sizes.astype(jnp.int32), lhs, rhs)
+  if (block_scales is not None) != problem.block_scaled:
+    raise ValueError("block_scales and problem.block_scaled go together")
+  a_scales, b_scales = block_scales if block_scales is not None else (None, None)
+  return kernel(group_sizes.astype(jnp.int32), lhs, rhs, a_scales, b_scales)

@@ -259,3 +259,59 @@ def test_the_benchmark_runs_on_the_cpu(capsys):
   assert harness.main(["--cpu-smoke", "--rounds", "1", "--iterations", "1"]) == 0
   out = capsys.readouterr().out.splitlines()
   assert "pallas_gemm=" in " ".join(out) and out[-1].startswith("| 200x136x300 |")
+
+
+# -- grouped (MoE) -------------------------------------------------------------------------
+def _grouped(m, n, k, sizes, seed=30):
+  x = _normal((m, k), seed=seed)
+  w = _normal((len(sizes), n, k), k**-0.5, seed=seed + 1)
+  xq, xs = bw.quantize_blockwise(x)
+  wq, ws = jax.vmap(lambda v: bw.quantize_blockwise(v, (128, 128)))(w)
+  return xq, wq, xs, ws, jnp.asarray(sizes, jnp.int32)
+
+
+def _grouped_reference(xq, wq, xs, ws, sizes):
+  a = np.asarray(bw.dequantize_blockwise(xq, xs), np.float64)
+  out, start = np.zeros((a.shape[0], wq.shape[1])), 0
+  for g, size in enumerate(np.asarray(sizes)):
+    b = np.asarray(bw.dequantize_blockwise(wq[g], ws[g], (128, 128)), np.float64)
+    out[start : start + size] = a[start : start + size] @ b.T
+    start += size
+  return out
+
+
+@pytest.mark.parametrize(
+    "implementation", ["xla", pytest.param("interpret", marks=needs_transposes)]
+)
+def test_grouped_matches_float64_with_empty_groups_and_a_tail(implementation):
+  # 300 rows: groups of 70, 0 and 200 rows (boxes straddle groups), 30 tail rows of zeros.
+  args = _grouped(300, 136, 300, [70, 0, 200])
+  y = bw.blockwise_ragged_dot(*args, out_dtype=jnp.float32, implementation=implementation)
+  assert y.shape == (300, 136) and not np.isnan(np.asarray(y)).any()
+  assert _rel(y, _grouped_reference(*args)) < 1e-6
+  assert float(jnp.abs(y[270:]).max()) == 0.0
+
+
+def test_grouped_lowers_for_cuda_at_a_moe_shape():
+  f8, f32 = E4M3, jnp.float32
+  s = jax.ShapeDtypeStruct
+  args = (
+      s((8192, 7168), f8),
+      s((8, 4096, 7168), f8),
+      s((8192, 56), f32),
+      s((8, 32, 56), f32),
+      s((8,), jnp.int32),
+  )
+  f = jax.jit(lambda *a: bw.blockwise_ragged_dot(*a, implementation="pallas"))
+  text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
+  assert compile_once.module_kernel_count(text) == 1 and "ragged_blockwise" in text
+
+
+def test_grouped_bad_input():
+  xq, wq, xs, ws, sizes = _grouped(16, 128, 256, [8, 8])
+  with pytest.raises(ValueError, match="rhs must be a 3-D fp8 array"):
+    bw.blockwise_ragged_dot(xq, wq[0], xs, ws, sizes)
+  with pytest.raises(ValueError, match=r"rhs_scales must have shape \(2, 1, 2\)"):
+    bw.blockwise_ragged_dot(xq, wq, xs, ws[:, :, :1], sizes)
+  with pytest.raises(ValueError, match=r"group_sizes must have shape \(2,\)"):
+    bw.blockwise_ragged_dot(xq, wq, xs, ws, sizes[:1])
