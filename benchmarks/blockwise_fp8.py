@@ -2,6 +2,7 @@
 
     python -m benchmarks.blockwise_fp8                  # GPU: checks, then DeepSeek-V3 shapes
     python -m benchmarks.blockwise_fp8 --cpu-smoke      # no GPU: tiny shapes, interpret/XLA
+    python -m benchmarks.blockwise_fp8 --grouped        # MoE: GxMxNxK, rows split among G experts
 
 Shapes are MxNxK, A (M, K) e4m3 with (1 x 128) scales, B (N, K) e4m3 with (128 x 128)
 scales (`quantize_blockwise` of N(0, 1) and N(0, 1/K) data). Contenders, interleaved
@@ -16,7 +17,9 @@ in rounds on the same inputs (CUPTI, every kernel of a call counted, median):
 Correctness (before timing): relative error against float64 of the dequantized operands,
 for pallas_gemm and for the per-tensor kernel on per-tensor-quantized data (the issue's
 bound: within 1.5x of it at K = 16384).
-Targets: 4096x7168x16384 >= 1350 TFLOP/s; >= 2.0x xla_dequant at M >= 1024; >= 0.93x
+Grouped (`--grouped`, `blockwise_ragged_dot`): M tokens split among G experts (a seeded
+multinomial), against XLA's dequantize + bf16 `lax.ragged_dot`.
+Targets: 4096x7168x16384 >= 1350 TFLOP/s; grouped >= 1200 TFLOP/s at the large shapes; >= 2.0x xla_dequant at M >= 1024; >= 0.93x
 per_tensor at 4096x7168x16384.
 """
 
@@ -41,6 +44,68 @@ NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7
 """DeepSeek-V3's projection (N, K) pairs."""
 SHAPES = ",".join(["4096x7168x16384"] + [f"{m}x{n}x{k}" for m in (1024, 4096) for n, k in NK])
 SMOKE_SHAPES = "200x136x300"
+GROUPED_SHAPES = "8x4096x4096x7168,32x16384x4096x7168,256x65536x4096x7168,32x16384x7168x2048"
+"""G x M x N x K: DeepSeek-V3's experts (gate and up fused 7168 -> 4096; down 2048 -> 7168)."""
+GROUPED_SMOKE = "3x300x136x300"
+
+
+def grouped_inputs(g, m, n, k, seed=0):
+  kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (m, k), jnp.float32)
+  w = jax.random.normal(kw, (g, n, k), jnp.float32) / k**0.5
+  xq, xs = bw.quantize_blockwise(x)
+  wq, ws = jax.vmap(lambda v: bw.quantize_blockwise(v, (128, 128)))(w)
+  experts = jax.random.randint(ks, (m,), 0, g)
+  sizes = jnp.bincount(experts, length=g).astype(jnp.int32)
+  return xq, wq, xs, ws, sizes
+
+
+def grouped_contenders(implementation):
+  def dequant(xq, wq, xs, ws, sizes):
+    a = bw.dequantize_blockwise(xq, xs).astype(jnp.bfloat16)
+    b = jax.vmap(lambda v, s: bw.dequantize_blockwise(v, s, (128, 128)))(wq, ws)
+    return jax.lax.ragged_dot(a, jnp.swapaxes(b, 1, 2).astype(jnp.bfloat16), sizes)
+
+  return {
+      "pallas_gemm": jax.jit(
+          lambda *args: bw.blockwise_ragged_dot(*args, implementation=implementation)
+      ),
+      "xla_dequant": jax.jit(dequant),
+  }
+
+
+def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print):
+  rows = []
+  for g, m, n, k in shapes:
+    case = f"{g}x{m}x{n}x{k}"
+    args = grouped_inputs(g, m, n, k)
+    fns = grouped_contenders(implementation)
+    ref = np.asarray(bw.blockwise_ragged_dot(*args, out_dtype=jnp.float32, implementation="xla"))
+    got = np.asarray(fns["pallas_gemm"](*args), np.float64)
+    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    log(f"{case:22s} rel. error vs the f32 HIGHEST reference: {err:.2e}")
+    if err > 1e-2:
+      raise SystemExit(f"{case}: error {err:.1e} too large")
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+      for name, f in fns.items():
+        samples[name] += timer(f, args, iterations)
+    for name, times in samples.items():
+      med = statistics.median(times)
+      rows.append(
+          dict(
+              case=case,
+              g=g,
+              m=m,
+              n=n,
+              k=k,
+              contender=name,
+              median_ms=med,
+              tflops=2 * m * n * k / (med * 1e-3) / 1e12,
+          )
+      )
+      log(f"{case:22s} {name:12s} {med:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s")
+  return rows
 
 
 def make_inputs(m, n, k, seed=0):
@@ -143,7 +208,7 @@ def format_table(rows) -> str:
   present = {r["contender"] for r in rows}
   names = [n for n in ("pallas_gemm", "pallas_serial", "xla_dequant", "per_tensor") if n in present]
   lines = [
-      "| MxNxK | "
+      "| shape | "
       + " | ".join(f"{n} ms (TFLOP/s)" for n in names)
       + " | xla_dequant / ours | ours / per_tensor |",
       "|---" * (3 + len(names)) + "|",
@@ -172,6 +237,11 @@ def main(argv=None):
       action="store_true",
       help=f"no GPU needed: {SMOKE_SHAPES}, the kernel in interpret mode",
   )
+  parser.add_argument(
+      "--grouped",
+      action="store_true",
+      help=f"time the grouped kernel on GxMxNxK shapes (default: {GROUPED_SHAPES})",
+  )
   parser.add_argument("--out", default=None, help="folder for blockwise_fp8.json")
   args = parser.parse_args(argv)
   if args.cpu_smoke or jax.default_backend() != "gpu":
@@ -183,13 +253,24 @@ def main(argv=None):
     shapes, implementation, timer = parse_shapes(args.shapes or SHAPES), None, cupti_times_ms
   env = environment()
   print(json.dumps(env))
-  rows = run(
-      shapes,
-      implementation=implementation,
-      rounds=args.rounds,
-      iterations=args.iterations,
-      timer=timer,
-  )
+  if args.grouped:
+    default = GROUPED_SMOKE if implementation == "interpret" else GROUPED_SHAPES
+    shapes = [tuple(int(v) for v in s.split("x")) for s in (args.shapes or default).split(",")]
+    rows = run_grouped(
+        shapes,
+        implementation=implementation,
+        rounds=args.rounds,
+        iterations=args.iterations,
+        timer=timer,
+    )
+  else:
+    rows = run(
+        shapes,
+        implementation=implementation,
+        rounds=args.rounds,
+        iterations=args.iterations,
+        timer=timer,
+    )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "blockwise_fp8.json"), "w") as f:

@@ -65,6 +65,8 @@ case "${1:-}" in
     step blockwise_check 150 3 python -u -m pytest -q -m gpu tests/test_blockwise.py
     step blockwise_fp8 240 20 python -u -m benchmarks.blockwise_fp8 --rounds 3 --iterations 5 \
       --out "$OUT/blockwise"
+    step blockwise_grouped 200 8 python -u -m benchmarks.blockwise_fp8 --grouped --rounds 3 \
+      --iterations 5 --out "$OUT/blockwise_grouped"
     ;;
   heldout)
     step check_defaults 240 2 python -u -m benchmarks.calibrate --check heldout,fit,odd

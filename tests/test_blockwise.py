@@ -259,6 +259,8 @@ def test_the_benchmark_runs_on_the_cpu(capsys):
   assert harness.main(["--cpu-smoke", "--rounds", "1", "--iterations", "1"]) == 0
   out = capsys.readouterr().out.splitlines()
   assert "pallas_gemm=" in " ".join(out) and out[-1].startswith("| 200x136x300 |")
+  assert harness.main(["--cpu-smoke", "--grouped", "--rounds", "1", "--iterations", "1"]) == 0
+  assert capsys.readouterr().out.splitlines()[-1].startswith("| 3x300x136x300 |")
 
 
 # -- grouped (MoE) -------------------------------------------------------------------------
