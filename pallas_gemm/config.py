@@ -110,7 +110,8 @@ class GemmConfig:
       cooperative, split_k=1, and not in GPU interpret mode (no GMEM semaphores).
     promotion_depth: blockwise fp8 only: K blocks multiplied into fresh accumulators
       before their products are scaled into the sum (`Ring.mma_promoted`): 2 lets one
-      block's WGMMA run while the previous block is scaled; 1 is serial.
+      block's WGMMA run while the previous block is scaled, at 64 more registers per
+      thread (untimed on a GPU yet; NOTES exp. 60); 1 (the default) is serial.
   """
 
   tile_m: int = 128
@@ -126,7 +127,7 @@ class GemmConfig:
   num_sms: int | None = None
   split_k: int = 1
   stream_k: bool = False
-  promotion_depth: int = 2
+  promotion_depth: int = 1
 
   def __post_init__(self):
     """Types, checked at construction (a cache file's entries too): positive ints where
