@@ -429,6 +429,31 @@ def filter(layout) -> Layout:  # noqa: A001 - CuTe's name
   return coalesce(Layout(shape, layout.stride))
 
 
+@_memoized
+def nullspace(layout) -> Layout:
+  """The kernel of ``layout`` (CuTe's ``nullspace``): a layout ``N`` over the indices of
+  ``layout``'s domain that it maps to 0, one mode per stride-0 mode of the flattened
+  layout, strided as that mode's coordinate in the column-major domain. Then
+  ``layout(N(i)) == 0`` for every ``i < size(N)`` and
+  ``size(N) * size(filter(layout)) == size(layout)``; ``1:0`` if no mode broadcasts.
+
+  >>> nullspace(Layout((2, 3, 4), (1, 0, 2)))
+  3:2
+  >>> nullspace(Layout((4, 2), (1, 4)))
+  1:0
+  """
+  if not isinstance(layout, Layout):
+    raise ValueError(f"nullspace: {layout!r} is not a plain Layout")
+  shapes, strides = flatten(layout.shape), flatten(layout.stride)
+  domain_strides = flatten(prefix_product(layout.shape))
+  picks = [i for i, d in enumerate(strides) if is_int(d) and d == 0]
+  if not picks:
+    return Layout(1, 0)
+  shape = tuple(shapes[i] for i in picks)
+  stride = tuple(domain_strides[i] for i in picks)
+  return Layout(shape, stride) if len(picks) > 1 else Layout(shape[0], stride[0])
+
+
 # -- composition -------------------------------------------------------------
 
 

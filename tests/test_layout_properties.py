@@ -30,6 +30,7 @@ from layouts import (
     make_layout,
     max_common_layout,
     max_common_vector,
+    nullspace,
     raked_product,
     right_inverse,
     size,
@@ -195,6 +196,15 @@ def test_filter_keeps_the_image(L):
   assert set(offsets(F).tolist()) == set(offsets(L).tolist())
   assert all(d != 0 for s, d in zip(leaves(F.shape), leaves(F.stride)) if s > 1)
   assert size(F) <= size(L)
+
+
+@PROFILE
+@given(layouts(min_stride=-8))
+def test_nullspace_is_the_kernel(L):
+  N = nullspace(L)
+  assert all(int(ev(L, int(N(i)))) == 0 for i in range(size(N)))
+  assert size(N) * size(filter(L)) == size(L)
+  assert len(set(int(N(i)) for i in range(size(N)))) == size(N)  # distinct domain indices
 
 
 # -- composition -------------------------------------------------------------------------
