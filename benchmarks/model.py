@@ -179,6 +179,15 @@ def enable_persistent_cache(path: str) -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def disable_persistent_cache() -> None:
+  """Back to no persistent cache in this process (jax keeps the opened cache otherwise,
+  and would go on writing to a directory that is about to be removed)."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  jax.config.update("jax_compilation_cache_dir", None)
+  compilation_cache.reset_cache()
+
+
 def worker(spec, variant: str, cache_dir: str | None, steps: int = 2) -> dict:
   """Compile the training step in this (fresh) process, run `steps`, report."""
   if cache_dir:
@@ -552,7 +561,10 @@ def run_model(spec, variants, args, log) -> dict:
   if args.no_cache:
     return _run_model(spec, variants, args, log, None)
   with tempfile.TemporaryDirectory(prefix="pallas-gemm-jax-cache-") as cache_dir:
-    return _run_model(spec, variants, args, log, cache_dir)
+    try:
+      return _run_model(spec, variants, args, log, cache_dir)
+    finally:
+      disable_persistent_cache()
 
 
 def _run_model(spec, variants, args, log, cache_dir) -> dict:
@@ -573,8 +585,6 @@ def _run_model(spec, variants, args, log, cache_dir) -> dict:
     if args.power:
       run.power(args.power, args.rounds, args.chain)
   run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
-  if cache_dir:
-    jax.config.update("jax_compilation_cache_dir", None)
   for variant in variants:
     row = run.rows[variant]
     log(
