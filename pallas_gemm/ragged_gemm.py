@@ -128,6 +128,28 @@ class RaggedConfig:
   epilogue_tile: tuple[int, int] = (64, 32)
   num_sms: int | None = None
 
+  def __post_init__(self):
+    """Types, checked at construction: positive ints where counts go, the epilogue tile
+    as a tuple (a list would make the config unhashable)."""
+
+    def fail(field, msg):
+      raise ValueError(f"RaggedConfig.{field}={getattr(self, field)!r}: {msg}")
+
+    def positive_int(x):
+      return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    for field in ("tile_m", "tile_n", "tile_k", "stages", "group"):
+      if not positive_int(getattr(self, field)):
+        fail(field, "must be an int >= 1")
+    if self.num_sms is not None and not positive_int(self.num_sms):
+      fail("num_sms", "must be None or an int >= 1")
+    tile = self.epilogue_tile
+    if not isinstance(tile, (tuple, list)) or len(tile) != 2 or not all(map(positive_int, tile)):
+      fail("epilogue_tile", "must be a pair of ints >= 1")
+    object.__setattr__(self, "epilogue_tile", tuple(tile))
+    if not isinstance(self.raster, str):
+      fail("raster", "must be a str")
+
   @property
   def wg_tile(self) -> tuple[int, int]:
     return self.tile_m // 2, self.tile_n

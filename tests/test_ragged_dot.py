@@ -183,8 +183,6 @@ def test_export_odd_shapes(m, k, n, g, transpose_rhs):
         (RaggedConfig(stages=1), "stages"),
         (RaggedConfig(stages=5), "stages"),  # shared memory
         (RaggedConfig(raster="hilbert"), "raster"),
-        (RaggedConfig(group=0), "group"),
-        (RaggedConfig(num_sms=0), "num_sms"),
         (RaggedConfig(epilogue_tile=(32, 32)), "epilogue_tile"),
         (RaggedConfig(epilogue_tile=(64, 24)), "epilogue_tile"),
     ],
@@ -192,6 +190,27 @@ def test_export_odd_shapes(m, k, n, g, transpose_rhs):
 def test_rejected_configs(config, field):
   with pytest.raises(ValueError, match=rf"^RaggedConfig\.{field}="):
     _export(1024, 1024, 1024, 4, config=config)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(group=0), "group"),
+        (dict(num_sms=0), "num_sms"),
+        (dict(tile_n=0), "tile_n"),
+        (dict(stages=2.5), "stages"),
+        (dict(tile_k=True), "tile_k"),
+        (dict(epilogue_tile=(64,)), "epilogue_tile"),
+        (dict(raster=1), "raster"),
+    ],
+)
+def test_config_types_are_checked_at_construction(kwargs, field):
+  with pytest.raises(ValueError, match=rf"^RaggedConfig\.{field}="):
+    RaggedConfig(**kwargs)
+
+
+def test_a_list_epilogue_tile_becomes_a_tuple():
+  assert hash(RaggedConfig(epilogue_tile=[64, 64])) == hash(RaggedConfig(epilogue_tile=(64, 64)))
 
 
 def test_export_many_groups():
