@@ -75,6 +75,24 @@ def grouped_contenders(implementation):
   }
 
 
+def _timed(case, dims, fns, args, rounds, iterations, timer, log) -> list[dict]:
+  """Times `fns` interleaved in `rounds` on `args`; one result row per contender (FLOPs
+  2 * m * n * k from `dims`)."""
+  samples = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, f in fns.items():
+      samples[name] += timer(f, args, iterations)
+  flops = 2 * dims["m"] * dims["n"] * dims["k"]
+  rows = []
+  for name, times in samples.items():
+    med = statistics.median(times)
+    rows.append(
+        dict(case=case, **dims, contender=name, median_ms=med, tflops=flops / (med * 1e-3) / 1e12)
+    )
+    log(f"{case:22s} {name:13s} {med:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s")
+  return rows
+
+
 def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print):
   rows = []
   for g, m, n, k in shapes:
@@ -87,25 +105,7 @@ def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print)
     log(f"{case:22s} rel. error vs the f32 HIGHEST reference: {err:.2e}")
     if err > 1e-2:
       raise SystemExit(f"{case}: error {err:.1e} too large")
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-      for name, f in fns.items():
-        samples[name] += timer(f, args, iterations)
-    for name, times in samples.items():
-      med = statistics.median(times)
-      rows.append(
-          dict(
-              case=case,
-              g=g,
-              m=m,
-              n=n,
-              k=k,
-              contender=name,
-              median_ms=med,
-              tflops=2 * m * n * k / (med * 1e-3) / 1e12,
-          )
-      )
-      log(f"{case:22s} {name:12s} {med:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s")
+    rows += _timed(case, dict(g=g, m=m, n=n, k=k), fns, args, rounds, iterations, timer, log)
   return rows
 
 
@@ -187,24 +187,7 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
       except Exception as e:  # noqa: BLE001 (reported, and the rest still timed)
         log(f"{case:18s} pallas_depth2 left out: {type(e).__name__}: {str(e)[:300]}")
         del fns["pallas_depth2"]
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-      for name, f in fns.items():
-        samples[name] += timer(f, args, iterations)
-    for name, times in samples.items():
-      med = statistics.median(times)
-      rows.append(
-          dict(
-              case=case,
-              m=m,
-              n=n,
-              k=k,
-              contender=name,
-              median_ms=med,
-              tflops=2 * m * n * k / (med * 1e-3) / 1e12,
-          )
-      )
-      log(f"{case:18s} {name:12s} {med:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s")
+    rows += _timed(case, dict(m=m, n=n, k=k), fns, args, rounds, iterations, timer, log)
   return rows
 
 

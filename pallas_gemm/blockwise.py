@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -285,10 +286,7 @@ def blockwise_fp8_linear(
         f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
     )
   static = (jnp.dtype(dtype).name, implementation, x.dtype.name)
-  rows = 1
-  for d in x.shape[:-1]:
-    rows *= d
-  y = _fp8_linear(static, x.reshape(rows, x.shape[-1]), w, bias)
+  y = _fp8_linear(static, x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, bias)
   return y.reshape(*x.shape[:-1], w.shape[1])
 
 

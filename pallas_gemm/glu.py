@@ -181,7 +181,7 @@ def gated_gemm(
         epilogue_lib.affine(
             spec,
             jnp.matmul(x, w, preferred_element_type=jnp.float32),
-            bias=None if b is None else b,
+            bias=b,
         )
         for w, b in ((w_gate, bias_gate), (w_up, bias_up))
     ]

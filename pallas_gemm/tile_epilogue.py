@@ -144,7 +144,6 @@ def build(
   slots = cfg.epilogue_slots
   out_dtype = out_gmem.dtype
   chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
-  _at = at
 
   def chunk_window(chunk, row0, col0):
     """The (rows, cols) slices of epilogue chunk `chunk` of the tile at (row0, col0)."""
@@ -155,7 +154,7 @@ def build(
     """TMA-loads every residual operand's epilogue chunk `chunk` into residual slot `slot`."""
     for r, source in enumerate(residuals):
       plgpu.copy_gmem_to_smem(
-          _at(source, batch_idx, *chunk_window(chunk, row0, col0)),
+          at(source, batch_idx, *chunk_window(chunk, row0, col0)),
           res_smem.at[wg, slot, r],
           res_loaded.at[wg * slots + slot],
       )
@@ -207,7 +206,7 @@ def build(
         if res_smem is not None:  # loaded with the vectors, or after chunk - slots
           res_barrier = res_loaded.at[wg * slots + chunk % slots]
         if c_gmem is not None:
-          plgpu.copy_gmem_to_smem(_at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
+          plgpu.copy_gmem_to_smem(at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
           plgpu.barrier_wait(c_loaded.at[barrier])
           c_tile = buf[...]
         bias_tile = row_bias_tile = None
@@ -249,7 +248,7 @@ def build(
             second = epilogue_lib.up_cotangent(p.epilogue, y, gate=res_tile[0])
           buf[...] = second.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(buf, _at(pre_gmem, batch_idx, rows, cols))
+          plgpu.copy_smem_to_gmem(buf, at(pre_gmem, batch_idx, rows, cols))
           buf = out_smem.at[wg, (store + 1) % slots]
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
         y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
@@ -266,14 +265,14 @@ def build(
         y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
         buf[...] = y.astype(out_dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(buf, _at(out_gmem, batch_idx, rows, cols))
+        plgpu.copy_smem_to_gmem(buf, at(out_gmem, batch_idx, rows, cols))
         if res_smem is not None and chunk + slots < chunks:
           # This chunk's residual slot is free (commit_smem ordered every read of it):
           # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
           load_residuals(chunk + slots, chunk % slots, batch_idx, row0, col0)
         if amax_smem is not None and last_chunk:
           plgpu.copy_smem_to_gmem(
-              amax_smem.at[wg], _at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
+              amax_smem.at[wg], at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
           )
       row_maxima.append(row_max)
 
@@ -311,7 +310,7 @@ def build(
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
           buf[...] = value.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(buf, _at(target, batch_idx, rows, cols))
+          plgpu.copy_smem_to_gmem(buf, at(target, batch_idx, rows, cols))
           store += 1
 
   def _row_abs_max(y, first_col):
