@@ -33,7 +33,7 @@ from pallas_gemm import gemm as gemm_lib
 from pallas_gemm import grouped
 from pallas_gemm import ragged_gemm as rg
 from pallas_gemm import smem
-from pallas_gemm.config import FP8_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
+from pallas_gemm.config import B_SCALE_BOX, FP8_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 from pallas_gemm.tma_padding import pad_last2, round_up
@@ -219,9 +219,10 @@ def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residu
   rows, cols = gemm_lib.out_extent(problem, cfg, interpret)
   m_tiles, n_tiles = tiles(m, cfg.tile_m), tiles(n, cfg.tile_n)
   k_blocks = a_scales.shape[1]
-  # Transposed scales: a K block's row of A scales is one TMA box (1, tile_m), B's (1, 4).
+  # Transposed scales: a K block's row of A scales is one TMA box (1, tile_m), B's the aligned (1, B_SCALE_BOX)
+  # box that holds the tile's block.
   a_scales_t = pad_last2(a_scales.T, k_blocks, round_up(max(m_tiles * cfg.tile_m, 4), 4))
-  b_cols = n_tiles + 3 if b_rows > 1 else n_tiles * cfg.tile_n
+  b_cols = round_up(n_tiles, B_SCALE_BOX) if b_rows > 1 else n_tiles * cfg.tile_n
   b_scales_t = pad_last2(b_scales.T, k_blocks, round_up(b_cols, 4))
   if bias is not None:
     bias = pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, n_tiles * cfg.tile_n)[0]
@@ -473,10 +474,11 @@ def blockwise_ragged_dot(
   lhs_p, rhs_p, rows, cols = grouped.ragged_layout(lhs, rhs, True, out_dtype, config, interpret)
   n_tiles = -(-n // config.tile_n)
   # Transposed scales: a K block's scales of a row box are one TMA box (1, tile_m); a group's
-  # block scale is the first of a (1, 4) box.
+  # block scale is in an aligned (1, B_SCALE_BOX) box.
   lhs_scales_t = pad_last2(lhs_scales.T, kb, round_up(max(rows, lhs_p.shape[0]) + config.tile_m, 4))
   rhs_scales_t = jnp.pad(
-      jnp.swapaxes(rhs_scales, 1, 2), ((0, 0), (0, 0), (0, round_up(n_tiles + 3, 4) - n_tiles))
+      jnp.swapaxes(rhs_scales, 1, 2),
+      ((0, 0), (0, 0), (0, round_up(n_tiles, B_SCALE_BOX) - n_tiles)),
   )
   out = rg.ragged_gemm(
       lhs_p,

@@ -28,6 +28,12 @@ K_MAJOR_DTYPES = (*FP8_DTYPES, "float32")
 """Operand dtypes WGMMA reads K-major only: A stored (M, K), B stored (N, K).
 float32 operands are multiplied in tf32 (10-bit mantissa), accumulated in f32."""
 KERNEL_INPUT_DTYPES = (*INPUT_DTYPES, *K_MAJOR_DTYPES)
+B_SCALE_BOX = 32
+"""Blockwise fp8: f32 columns of the TMA box that brings a tile's (128 x 128) B block scale
+into a ring stage: the aligned box of 32 that holds it. TMA needs each stage's
+shared-memory destination 128-byte aligned (a box of 4 f32: CUDA_ERROR_MISALIGNED_ADDRESS
+on the H100), and a box that starts at the tile's own column stops it too
+(CUDA_ERROR_ILLEGAL_INSTRUCTION): 32 f32 from a multiple of 32 (NOTES exp. 63)."""
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 """Output dtypes without a scale (fp8 outputs are in FP8_DTYPES, with `out_scale`)."""
 KERNEL_OUTPUT_DTYPES = (*OUTPUT_DTYPES, *FP8_DTYPES)
@@ -242,7 +248,7 @@ class GemmConfig:
         ((2, wm), "float32") if problem.has_row_scale else None,
         ((2, wm), "float32") if problem.amax else None,
         ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
-        ((self.stages, 1, 4 if problem.b_scale_rows > 1 else self.tile_n), "float32")
+        ((self.stages, 1, B_SCALE_BOX if problem.b_scale_rows > 1 else self.tile_n), "float32")
         if problem.block_scaled
         else None,
     )

@@ -42,7 +42,7 @@ from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm import tile_epilogue
-from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
+from pallas_gemm.config import B_SCALE_BOX, DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
 from pallas_gemm.tile_epilogue import at
 
 EXPERIMENT_COMPILER_PARAMS: dict = {}
@@ -251,8 +251,9 @@ def _kernel(
             collectives.append(b_collective)
           if prob.block_scaled:  # this K block's scales: A's rows of the tile, B's block
             views.append(a_scales_gmem.at[pl.ds(k, 1), pl.ds(mi * tm, tm)])
-            if prob.b_scale_rows > 1:  # one (128 x 128) block per tile: its scale (+3 unused)
-              views.append(b_scales_gmem.at[pl.ds(k, 1), pl.ds(ni, 4)])
+            if prob.b_scale_rows > 1:  # one (128 x 128) block per tile: the aligned box with it
+              box = pl.multiple_of(ni - lax.rem(ni, B_SCALE_BOX), B_SCALE_BOX)
+              views.append(b_scales_gmem.at[pl.ds(k, 1), pl.ds(box, B_SCALE_BOX)])
             else:  # a scale per B row: the tile's
               views.append(b_scales_gmem.at[pl.ds(k, 1), pl.ds(ni * tn, tn)])
             collectives += [a_collective, b_collective]
@@ -281,13 +282,14 @@ def _kernel(
         b_tile = _compat.transpose_2d(b_tile)
       return a_tile, b_tile
 
-    def block_scale(_, a_tile, b_tile, a_scales, b_scales):
+    def block_scale(ni, _, a_tile, b_tile, a_scales, b_scales):
       """Blockwise fp8: the multiplier of one K block's product, A's per-row scales of
-      this warpgroup's rows times B's (128 x 128) block scale or per-row scales."""
+      this warpgroup's rows times B's (128 x 128) block scale (of tile column ni) or
+      per-row scales."""
       rows = pl.ds(0 if pingpong or cfg.wg_split != "m" else wg * wm, wm)
       factor = lax.broadcast_in_dim(a_scales[0, rows], (wm, wn), (0,))
       if prob.b_scale_rows > 1:
-        return factor * b_scales[0, 0]
+        return factor * b_scales[0, lax.rem(ni, B_SCALE_BOX)]
       cols = pl.ds(0 if pingpong or cfg.wg_split != "n" else wg * wn, wn)
       return factor * lax.broadcast_in_dim(b_scales[0, cols], (wm, wn), (1,))
 
@@ -313,7 +315,13 @@ def _kernel(
       if prob.block_scaled:
         epi.run(
             ring.mma_promoted(
-                (wm, wn), step0, kb, ke, operands, block_scale, depth=cfg.promotion_depth
+                (wm, wn),
+                step0,
+                kb,
+                ke,
+                operands,
+                functools.partial(block_scale, ni),
+                depth=cfg.promotion_depth,
             ),
             batch_idx,
             row0,
@@ -389,7 +397,7 @@ def _kernel(
           + (
               [
                   ((1, tm), jnp.float32, ()),
-                  ((1, 4 if prob.b_scale_rows > 1 else tn), jnp.float32, ()),
+                  ((1, B_SCALE_BOX if prob.b_scale_rows > 1 else tn), jnp.float32, ()),
               ]
               if prob.block_scaled
               else []
@@ -546,7 +554,7 @@ def hopper_gemm(
       the outputs are then (d_gate, d_up) = (y * up * act'(gate), y * act(gate)).
     block_scales: with `problem.block_scaled` (fp8 A (M, K) and B (N, K), tile_k 128,
       tile_n 128), (a_scales_t, b_scales_t): f32 (K/128, >= M) per-row scales of each
-      128-wide K block of A, transposed, and f32 (K/128, >= n_tiles + 3) scales of B's
+      128-wide K block of A, transposed, and f32 (K/128, >= n_tiles rounded up to B_SCALE_BOX) scales of B's
       (128 x 128) blocks, or with `problem.b_scale_rows == 1` (K/128, >= N) per-row
       scales, transposed; each K block's product is scaled in registers before it
       joins the sum (`Ring.mma_promoted`).

@@ -60,7 +60,7 @@ from pallas_gemm import compile_once
 from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
-from pallas_gemm.config import DEFAULT_NUM_SMS, FP8_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, tiles
+from pallas_gemm.config import B_SCALE_BOX, DEFAULT_NUM_SMS, FP8_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, tiles
 
 UNROLL_GROUPS = 32
 """Up to this many groups the in-kernel item decoder is unrolled."""
@@ -166,7 +166,7 @@ class RaggedConfig:
         ((2, 2, em, en), problem.out_dtype),  # swizzled slots
         ((2, em, self.stage_cols(problem.out_dtype)), problem.out_dtype),  # boundary staging
         ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
-        ((self.stages, 1, 4), "float32") if problem.block_scaled else None,
+        ((self.stages, 1, B_SCALE_BOX), "float32") if problem.block_scaled else None,
     )
 
   def validate(self, problem: RaggedProblem) -> None:
@@ -407,7 +407,8 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
             ]
             if prob.block_scaled:  # this K block's scales: the box's rows, the group's block
               views.append(a_scales_gmem.at[pl.ds(k, 1), pl.ds(row0, tm)])
-              views.append(b_scales_gmem.at[item.group, pl.ds(k, 1), pl.ds(ni, 4)])
+              box = pl.multiple_of(ni - lax.rem(ni, B_SCALE_BOX), B_SCALE_BOX)
+              views.append(b_scales_gmem.at[item.group, pl.ds(k, 1), pl.ds(box, B_SCALE_BOX)])
             ring.fill(step0 + k, views)
 
         return jnp.where(item.compute, p.k_iters, 0)
@@ -418,10 +419,11 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
       a_tile = a_stage.at[pl.ds(wg * wm, wm), :]
       return a_tile, _compat.transpose_2d(b_stage) if prob.transpose_rhs else b_stage
 
-    def block_scale(_, a_stage, b_stage, a_scales, b_scales):
-      """Blockwise fp8: this warpgroup's row scales of a K block times the rhs block's."""
+    def block_scale(ni, _, a_stage, b_stage, a_scales, b_scales):
+      """Blockwise fp8: this warpgroup's row scales of a K block times the rhs block's
+      (of tile column ni)."""
       factor = lax.broadcast_in_dim(a_scales[0, pl.ds(wg * wm, wm)], (wm, wn), (0,))
-      return factor * b_scales[0, 0]
+      return factor * b_scales[0, lax.rem(ni, B_SCALE_BOX)]
 
     def consumer():
       decode = _item_decoder(sizes_gmem, p)
@@ -434,7 +436,9 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
           if prob.block_scaled:
             result = lax.cond(
                 item.compute,
-                lambda: ring.mma_promoted((wm, wn), step0, 0, p.k_iters, operands, block_scale),
+                lambda: ring.mma_promoted(
+                    (wm, wn), step0, 0, p.k_iters, operands, functools.partial(block_scale, ni)
+                ),
                 lambda: jnp.zeros((wm, wn), jnp.float32),  # the tail: zeros
             )
             _epilogue(result, item, ni)
@@ -500,7 +504,11 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
       ring_refs=pipeline.ring_scratch(
           cfg.stages,
           [((tm, tk), in_dtype, ab_tf), (rhs_block, in_dtype, ab_tf)]
-          + ([((1, tm), jnp.float32, ()), ((1, 4), jnp.float32, ())] if prob.block_scaled else []),
+          + (
+              [((1, tm), jnp.float32, ()), ((1, B_SCALE_BOX), jnp.float32, ())]
+              if prob.block_scaled
+              else []
+          ),
       ),
       out_smem=plgpu.SMEM((pipeline.CONSUMERS, slots, em, en), out_dtype, transforms=out_tf),
       stage_smem=plgpu.SMEM((pipeline.CONSUMERS, em, sn), out_dtype),
@@ -527,7 +535,7 @@ def ragged_gemm(
     group_sizes: (G,) int32.
     block_scales: with `problem.block_scaled`, (lhs_scales_t, rhs_scales_t): f32
       (K/128, >= rows + tile_m) per-row scales of each 128-wide K block of lhs, transposed,
-      and f32 (G, K/128, >= N/128 + 3) scales of each group's (128 x 128) rhs blocks.
+      and f32 (G, K/128, >= N/128 rounded up to B_SCALE_BOX) scales of each group's (128 x 128) rhs blocks.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (problem.rows, problem.n) array of `problem.out_dtype`.

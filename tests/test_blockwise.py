@@ -185,7 +185,21 @@ def test_bad_input_names_the_argument():
 def test_on_the_gpu_against_float64(b_block):
   xq, wq, xs, ws = _operands(1000, 2112, 7168 + 64, b_block)
   y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32)
-  assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-5
+  # fp8 WGMMA adds its products with a shortened mantissa inside each 128-wide K block
+  # (1.3e-4 measured on the H100; the f32 promotion keeps it from growing with K); a
+  # wrong scale or block gives errors of order 1.
+  assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_the_linear_layer_on_the_gpu_matches_its_xla_path():
+  x = _normal((3, 700, 512), seed=14).astype(jnp.bfloat16)
+  w, bias = _normal((512, 1000), 512**-0.5, seed=15), _normal((1000,), seed=16)
+  g = _normal((3, 700, 1000), seed=17).astype(jnp.bfloat16)
+  ours = _linear_grads(None, x, w, bias, g)
+  ref = _linear_grads("xla", x, w, bias, g)
+  for name, got, want in zip(("y", "dx", "dw", "db"), ours, ref):
+    assert _rel(got, want) < 1e-2, name
 
 
 # -- blockwise_fp8_linear: the DeepSeek-V3 recipe, differentiable --------------------------
@@ -292,6 +306,14 @@ def test_grouped_matches_float64_with_empty_groups_and_a_tail(implementation):
   assert y.shape == (300, 136) and not np.isnan(np.asarray(y)).any()
   assert _rel(y, _grouped_reference(*args)) < 1e-6
   assert float(jnp.abs(y[270:]).max()) == 0.0
+
+
+@pytest.mark.gpu
+def test_grouped_on_the_gpu_against_float64():
+  args = _grouped(3000, 1000, 2048 + 64, [700, 0, 1900, 333])  # 67 tail rows
+  y = bw.blockwise_ragged_dot(*args, out_dtype=jnp.float32)
+  assert _rel(y, _grouped_reference(*args)) < 1e-3  # fp8 WGMMA's in-block accumulation
+  assert float(jnp.abs(y[2933:]).max()) == 0.0
 
 
 def test_grouped_lowers_for_cuda_at_a_moe_shape():
