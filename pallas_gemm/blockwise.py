@@ -219,8 +219,8 @@ def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residu
   rows, cols = gemm_lib.out_extent(problem, cfg, interpret)
   m_tiles, n_tiles = tiles(m, cfg.tile_m), tiles(n, cfg.tile_n)
   k_blocks = a_scales.shape[1]
-  # Transposed scales: a K block's row of A scales is one TMA box (1, tile_m), B's the aligned (1, B_SCALE_BOX)
-  # box that holds the tile's block.
+  # Transposed scales: a K block's row of A scales is one TMA box (1, tile_m), B's the
+  # aligned (1, B_SCALE_BOX) box that holds the tile's block.
   a_scales_t = pad_last2(a_scales.T, k_blocks, round_up(max(m_tiles * cfg.tile_m, 4), 4))
   b_cols = round_up(n_tiles, B_SCALE_BOX) if b_rows > 1 else n_tiles * cfg.tile_n
   b_scales_t = pad_last2(b_scales.T, k_blocks, round_up(b_cols, 4))
