@@ -483,9 +483,7 @@ def interpret_config(config, problem):
     )
   if config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS * config.cluster_size)
-  # The interpreter cannot reset a WGMMA accumulator (no rule for its store), which
-  # depth-2 promotion needs: it runs depth 1, the same sums in another order of issue.
-  return dataclasses.replace(config, promotion_depth=1)
+  return config
 
 
 def usable_config(config, problem):

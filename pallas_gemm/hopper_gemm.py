@@ -555,9 +555,8 @@ def hopper_gemm(
     block_scales: with `problem.block_scaled` (fp8 A (M, K) and B (N, K), tile_k 128,
       tile_n 128), (a_scales_t, b_scales_t): f32 (K/128, >= M) per-row scales of each
       128-wide K block of A, transposed, and f32 (K/128, >= n_tiles rounded up to
-      B_SCALE_BOX) scales of B's
-      (128 x 128) blocks, or with `problem.b_scale_rows == 1` (K/128, >= N) per-row
-      scales, transposed; each K block's product is scaled in registers before it
+      B_SCALE_BOX) scales of B's (128 x 128) blocks, or with `problem.b_scale_rows == 1`
+      (K/128, >= N) per-row scales, transposed; each K block's product is scaled in registers before it
       joins the sum (`Ring.mma_promoted`).
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.

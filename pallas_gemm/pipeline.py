@@ -174,66 +174,45 @@ class Ring:
     promotion, which also keeps fp8 WGMMA's reduced-precision accumulation to one block).
 
     `operands` as in `mma`; `scale(k, *stage_views)` returns the multiplier of step k's
-    (`shape`) product, read before the stage is released. `depth` 2 pipelines: step
-    k+1's WGMMAs are issued into a second accumulator before step k is waited for and
-    scaled, so the tensor cores work while the registers are scaled (64 more registers
-    per thread); 1 is serial. Bounds are Python ints. Returns the f32 sum.
+    (`shape`) product, read before the stage is released. `depth` 2 issues the WGMMAs
+    of two steps before scaling the first, so that the second runs on the tensor cores
+    while the first is scaled; 1 is serial. Bounds are Python ints. Returns the f32 sum.
     """
-    zero = jnp.zeros(shape, jnp.float32)
-    count = k_end - k_begin
-    if count <= 0:
-      return zero
-
-    def views_of(k):
-      slot = self.slot(step0 + k - k_begin)
-      return slot, tuple(buffer.at[slot] for buffer in self.buffers)
 
     def issue(k, acc):
-      slot, views = views_of(k)
+      slot = self.slot(step0 + k - k_begin)
       plgpu.barrier_wait(self.loaded.at[slot])
+      views = tuple(buffer.at[slot] for buffer in self.buffers)
       plgpu.wgmma(acc, *operands(k, *views))
+      return slot, views
 
-    def promote(k, acc, total, in_flight):
-      slot, views = views_of(k)
-      part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # step k's WGMMA done
+    def promote(k, acc, slot, views, total, in_flight):
+      part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # this step's WGMMA done
       factor = scale(k, *views)
       plgpu.barrier_arrive(self.consumed.at[slot])
       return total + part * factor
 
-    if depth == 1:
+    def steps(k, total, count):
+      """`count` (1 or 2) steps from k, their accumulators zeroed by the scope."""
 
-      def serial(k, total):
-        def scoped(acc):
-          issue(k, acc)
-          return promote(k, acc, total, in_flight=0)
+      def scoped(*accs):
+        issued = [issue(k + i, acc) for i, acc in enumerate(accs)]
+        out = total
+        for i, (acc, (slot, views)) in enumerate(zip(accs, issued)):
+          out = promote(k + i, acc, slot, views, out, in_flight=count - 1 - i)
+        return out
 
-        return pl.run_scoped(scoped, plgpu.ACC(shape, jnp.float32))
+      return pl.run_scoped(scoped, *[plgpu.ACC(shape, jnp.float32)] * count)
 
-      return lax.fori_loop(k_begin, k_end, serial, zero)
-
-    def pipelined(acc0, acc1):
-      def step(k, total, current, following, has_next):
-        """Issues step k+1 into `following` (zeroed), then scales step k's product."""
-        if has_next:
-          following[...] = zero
-          issue(k + 1, following)
-        return promote(k, current, total, in_flight=1 if has_next else 0)
-
-      def two_steps(i, total):
-        k = k_begin + 2 * i
-        total = step(k, total, acc0, acc1, True)
-        return step(k + 1, total, acc1, acc0, True)
-
-      issue(k_begin, acc0)
-      pairs = (count - 1) // 2  # steps that all have a next one, two by two
-      total = lax.fori_loop(0, pairs, two_steps, zero)
-      k = k_begin + 2 * pairs
-      if count - 2 * pairs == 2:
-        total = step(k, total, acc0, acc1, True)
-        return step(k + 1, total, acc1, acc0, False)
-      return step(k, total, acc0, acc1, False)
-
-    return pl.run_scoped(pipelined, *[plgpu.ACC(shape, jnp.float32)] * 2)
+    total = jnp.zeros(shape, jnp.float32)
+    count = k_end - k_begin
+    pairs = count // depth if depth == 2 else 0
+    if pairs:
+      total = lax.fori_loop(0, pairs, lambda i, t: steps(k_begin + depth * i, t, depth), total)
+    rest_begin = k_begin + depth * pairs
+    if rest_begin < k_end:
+      total = lax.fori_loop(rest_begin, k_end, lambda k, t: steps(k, t, 1), total)
+    return total
 
   def skip(self, step0, count) -> None:
     """Consumer: lets `count` stages from step0 pass unread (wait, release), as a

@@ -255,9 +255,6 @@ class _Plan:
   config: RaggedConfig
   ab_swizzle: int
   out_swizzle: int
-  promotion_depth: int = 2
-  """Blockwise fp8: `Ring.mma_promoted`'s depth (1 in the interpreter, which cannot
-  reset an accumulator)."""
 
   @property
   def k_iters(self) -> int:
@@ -440,13 +437,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
             result = lax.cond(
                 item.compute,
                 lambda: ring.mma_promoted(
-                    (wm, wn),
-                    step0,
-                    0,
-                    p.k_iters,
-                    operands,
-                    functools.partial(block_scale, ni),
-                    depth=p.promotion_depth,
+                    (wm, wn), step0, 0, p.k_iters, operands, functools.partial(block_scale, ni)
                 ),
                 lambda: jnp.zeros((wm, wn), jnp.float32),  # the tail: zeros
             )
@@ -544,8 +535,7 @@ def ragged_gemm(
     group_sizes: (G,) int32.
     block_scales: with `problem.block_scaled`, (lhs_scales_t, rhs_scales_t): f32
       (K/128, >= rows + tile_m) per-row scales of each 128-wide K block of lhs, transposed,
-      and f32 (G, K/128, >= N/128 rounded up to B_SCALE_BOX) scales of each group's
-      (128 x 128) rhs blocks.
+      and f32 (G, K/128, >= N/128 rounded up to B_SCALE_BOX) scales of each group's (128 x 128) rhs blocks.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (problem.rows, problem.n) array of `problem.out_dtype`.
@@ -561,7 +551,7 @@ def ragged_gemm(
   if out_swizzle is None:
     raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
-  plan = _Plan(problem, config, ab_swizzle, out_swizzle, 1 if interpret is not None else 2)
+  plan = _Plan(problem, config, ab_swizzle, out_swizzle)
   kernel = pipeline.launch(
       compile_once.named_body(
           "pallas_gemm_ragged" + ("_blockwise" if problem.block_scaled else ""), _kernel, p=plan

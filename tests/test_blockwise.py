@@ -98,12 +98,13 @@ def test_matches_float64_of_the_dequantized_operands(implementation, b_block, dt
 
 
 @needs_transposes
-@pytest.mark.parametrize("k", [600, 520, 100])
-def test_promotion_in_interpret_mode(k):
-  # 5, 4 and 1 K blocks; depth 2 runs as 1 in the interpreter (no accumulator reset
-  # there): its schedule is checked by the lowering and GPU tests below
+@pytest.mark.parametrize("depth,k", [(1, 600), (2, 600), (2, 520), (2, 100)])
+def test_promotion_depths_agree_in_interpret_mode(depth, k):
+  # depth 2 with 5, 4 and 1 K blocks: pairs and a single step, pairs only, a single step
   xq, wq, xs, ws = _operands(130, 136, k, (128, 128), seed=6)
-  config = dataclasses.replace(bw.block_config(_problem(130, 136, k)), num_sms=2)
+  config = dataclasses.replace(
+      bw.block_config(_problem(130, 136, k)), promotion_depth=depth, num_sms=2
+  )
   y = bw.blockwise_scaled_matmul(
       xq, wq, xs, ws, out_dtype=jnp.float32, config=config, implementation="interpret"
   )
@@ -134,7 +135,7 @@ def test_the_epilogue_in_interpret_mode():
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_lowers_for_cuda_at_deepseek_shapes(depth):
-  # 128, 56 and 1 K blocks: depth 2's pipelined loop ends on two steps or one
+  # 128, 56 and 1 K blocks: depth 2's pairs, then one step or none
   for m, n, k in ((4096, 7168, 16384), (1000, 2112, 7168), (256, 384, 128)):
     f8 = jax.ShapeDtypeStruct
     args = (
@@ -187,7 +188,7 @@ def test_bad_input_names_the_argument():
     "b_block,k,depth", [((128, 128), 7168 + 64, 1), ((128, 128), 7168, 2), ((1, 128), 7168 + 64, 2)]
 )
 def test_on_the_gpu_against_float64(b_block, k, depth):
-  # 57 and 56 K blocks: depth 2's loop ends on one step or two
+  # 57 and 56 K blocks: depth 2 ends on a single step or on a pair
   xq, wq, xs, ws = _operands(1000, 2112, k, b_block)
   problem = dataclasses.replace(_problem(1000, 2112, k), b_scale_rows=b_block[0])
   config = dataclasses.replace(bw.block_config(problem), promotion_depth=depth)
