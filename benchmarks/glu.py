@@ -11,8 +11,9 @@ on the same inputs (bf16; x ~ N(0, 1), weights ~ N(0, 1/K)):
   xla           `jax.nn.silu(x @ w_gate) * (x @ w_up)`
   pallas_plain  the project's plain GEMMs: `matmul(x, w_gate, activation="silu") * matmul(x, w_up)`
 With `--block mlp` each contender is the whole Llama MLP, `down(unit(x)) + x` with
-w_down (N, K): ours is `pallas_gemm.gated_mlp` (whose backward writes the gate and up
-cotangents from the dH GEMM's epilogue), pallas_plain adds `matmul(h, w_down, residual=x)`.
+w_down (N, K): ours is `pallas_gemm.gated_mlp`, pallas_fused_bwd the same with
+`fuse_backward=True` (the gate and up cotangents written by the dH GEMM's epilogue),
+pallas_plain adds `matmul(h, w_down, residual=x)`.
 "fwd" runs the forward alone (inference: nothing saved); "fwd+bwd" is `jax.vjp` and the
 backward for a given cotangent (x, w_gate and w_up gradients). FLOPs counted: 4MNK
 forward, 12MNK forward + backward. "saved MB": the residuals autodiff keeps for the
@@ -64,6 +65,9 @@ def blocks(implementation):
   return {
       "pallas_gemm": lambda x, wg, wu, wd: gated_mlp(
           x, wg, wu, wd, residual=x, implementation=implementation
+      ),
+      "pallas_fused_bwd": lambda x, wg, wu, wd: gated_mlp(
+          x, wg, wu, wd, residual=x, implementation=implementation, fuse_backward=True
       ),
       "xla": lambda x, wg, wu, wd: glu_units["xla"](x, wg, wu) @ wd + x,
       "pallas_plain": lambda x, wg, wu, wd: matmul(
@@ -132,7 +136,11 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print, block="
     for mode in ("fwd", "fwd+bwd"):
       case = f"{block} {m}x{n}x{k} {mode}"
       flops = (per_mnk if mode == "fwd" else 3 * per_mnk) * m * n * k
-      steps = {name: step(unit, mode) for name, unit in contenders.items()}
+      steps = {
+          name: step(unit, mode)
+          for name, unit in contenders.items()
+          if mode != "fwd" or name != "pallas_fused_bwd"  # the same forward as ours
+      }
       ref = reference(mode, block)(*args)
       ref = ref if isinstance(ref, tuple) else (ref,)
       for name, f in steps.items():
@@ -175,7 +183,7 @@ def format_table(rows) -> str:
   by_case = {}
   for row in rows:
     by_case.setdefault(row["case"], {})[row["contender"]] = row
-  names = list(units(None))
+  names = list(dict.fromkeys(row["contender"] for row in rows))
   lines = [
       "| case | "
       + " | ".join(f"{n} ms (TFLOP/s)" for n in names)
@@ -183,7 +191,9 @@ def format_table(rows) -> str:
       "|---" * (3 + len(names)) + "|",
   ]
   for case, cont in by_case.items():
-    cells = [f"{cont[n]['median_ms']:.3f} ({cont[n]['tflops']:.0f})" for n in names]
+    cells = [
+        f"{cont[n]['median_ms']:.3f} ({cont[n]['tflops']:.0f})" if n in cont else "-" for n in names
+    ]
     ratio = cont["xla"]["median_ms"] / cont["pallas_gemm"]["median_ms"]
     goal = TARGETS[cont["xla"]["mode"]]
     saved = "-"

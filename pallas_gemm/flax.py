@@ -153,9 +153,8 @@ def mlp_of(up: Linear, down: Linear, inputs, *, residual=None):
 class GatedMLP(nnx.Module):
   """`down_proj(act(gate_proj(x)) * up_proj(x)) + residual` (SwiGLU with "silu", GeGLU
   with "gelu") as one `pallas_gemm.glu.gated_mlp`: the gate and up projections in one
-  GEMM (x read once, the two projections never written), the residual in the down
-  projection's epilogue, and the backward's gate/up cotangents in the epilogue of the
-  GEMM that makes the hidden cotangent.
+  GEMM (x read once, the two projections never written) and the residual in the down
+  projection's epilogue.
 
   Parameters are three `Linear` layers named as in Hugging Face's Llama ports
   (`gate_proj`, `up_proj`: in -> hidden; `down_proj`: hidden -> out), each with a
@@ -200,8 +199,8 @@ def gated_mlp_of(
     gate: Linear, up: Linear, down: Linear, inputs, *, residual=None, activation="silu"
 ):
   """`down(act(gate(inputs)) * up(inputs)) + residual` for three `Linear` layers as one
-  `pallas_gemm.glu.gated_mlp` (gate and up in one GEMM; the backward's elementwise
-  pass in the down projection's dH GEMM): what `GatedMLP` runs, for models that keep
+  `pallas_gemm.glu.gated_mlp` (gate and up in one GEMM, the residual in the down
+  projection's epilogue): what `GatedMLP` runs, for models that keep
   their own layers (their `activation`s are not used: pass the gate's here)."""
   bias = lambda layer: layer.bias[...] if layer.bias is not None else None
   inputs, w_gate, w_up, w_down = gate.promote_dtype(

@@ -241,7 +241,7 @@ def _mlp_arrays(rows, d, h, d_out, dtype, *, extras=True, seed=1):
   )
 
 
-def _check_mlp(args, activation, implementation):
+def _check_mlp(args, activation, implementation, fuse_backward=False):
   names = [k for k, v in args.items() if v is not None]
   shape = (args["x"].shape[0], args["w_down"].shape[1])
   cot = jnp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
@@ -249,7 +249,10 @@ def _check_mlp(args, activation, implementation):
 
   def ours(*vals):
     return glu.gated_mlp(
-        activation=activation, implementation=implementation, **dict(zip(names, vals))
+        activation=activation,
+        implementation=implementation,
+        fuse_backward=fuse_backward,
+        **dict(zip(names, vals)),
     )
 
   def reference(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, residual):
@@ -276,18 +279,20 @@ def test_gated_mlp_matches_float64_on_xla(activation):
 
 
 @needs_transposes
-@pytest.mark.parametrize("extras", [True, False])
-def test_gated_mlp_kernels_match_float64_in_interpret_mode(extras):
+@pytest.mark.parametrize("extras,fuse_backward", [(True, True), (False, False)])
+def test_gated_mlp_kernels_match_float64_in_interpret_mode(extras, fuse_backward):
   # 200 rows, 72 -> 136 -> 80: no dimension a multiple of a tile.
   args = _mlp_arrays(200, 72, 136, 80, jnp.dtype(jnp.bfloat16), extras=extras)
-  _check_mlp(args, "silu" if extras else "gelu_exact", "interpret")
+  _check_mlp(args, "silu" if extras else "gelu_exact", "interpret", fuse_backward)
 
 
-def test_gated_mlp_backward_writes_no_hidden_cotangent():
+def test_the_fused_backward_writes_no_hidden_cotangent():
   """Lowered for CUDA: the hidden cotangent's GEMM writes the gate and up cotangents
   itself (the `_dglu` kernel); no other kernel or XLA pass reads the saved pre-activations."""
   shapes = ((512, 256), (256, 1024), (256, 1024), (1024, 256))
-  f = lambda x, wg, wu, wd: glu.gated_mlp(x, wg, wu, wd, implementation="pallas")
+  f = lambda x, wg, wu, wd: glu.gated_mlp(
+      x, wg, wu, wd, implementation="pallas", fuse_backward=True
+  )
   loss = lambda *a: f(*a).astype(jnp.float32).sum()
   text = _lowered(jax.grad(loss, argnums=(0, 1, 2, 3)), *shapes)
   calls = [line for line in text.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
@@ -308,9 +313,21 @@ def test_gated_mlp_bad_input_names_the_argument():
     glu.gated_mlp(x, w, w, w.T, residual=jnp.ones((4, 16)))
 
 
+def test_the_default_backward_makes_the_hidden_cotangent_with_a_plain_gemm():
+  shapes = ((512, 256), (256, 1024), (256, 1024), (1024, 256))
+  f = lambda x, wg, wu, wd: glu.gated_mlp(x, wg, wu, wd, implementation="pallas")
+  loss = lambda *a: f(*a).astype(jnp.float32).sum()
+  text = _lowered(jax.grad(loss, argnums=(0, 1, 2, 3)), *shapes)
+  assert "_dglu" not in text and "exponential" in text  # the slope: XLA's elementwise pass
+  with pytest.raises(TypeError, match="fuse_backward must be a bool"):
+    glu.gated_mlp(*(jnp.ones(s, jnp.bfloat16) for s in shapes), fuse_backward="yes")
+
+
 @pytest.mark.gpu
-def test_gated_mlp_on_the_gpu_against_float64():
-  _check_mlp(_mlp_arrays(1000, 520, 1544, 776, jnp.dtype(jnp.bfloat16)), "silu", "pallas")
+@pytest.mark.parametrize("fuse_backward", [False, True])
+def test_gated_mlp_on_the_gpu_against_float64(fuse_backward):
+  args = _mlp_arrays(1000, 520, 1544, 776, jnp.dtype(jnp.bfloat16))
+  _check_mlp(args, "silu", "pallas", fuse_backward)
 
 
 @pytest.mark.parametrize("block", ["glu", "mlp"])
