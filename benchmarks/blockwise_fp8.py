@@ -57,9 +57,13 @@ DeepSeek experts would need 28 GiB)."""
 def grouped_inputs(g, m, n, k, seed=0):
   kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
   x = jax.random.normal(kx, (m, k), jnp.float32)
-  w = jax.random.normal(kw, (g, n, k), jnp.float32) / k**0.5
   xq, xs = bw.quantize_blockwise(x)
-  wq, ws = jax.vmap(lambda v: bw.quantize_blockwise(v, (128, 128)))(w)
+
+  def expert(key):  # one expert's f32 weights at a time (256 at once: 28 GiB)
+    w = jax.random.normal(key, (n, k), jnp.float32) / k**0.5
+    return bw.quantize_blockwise(w, (128, 128))
+
+  wq, ws = jax.jit(lambda keys: jax.lax.map(expert, keys))(jax.random.split(kw, g))
   experts = jax.random.randint(ks, (m,), 0, g)
   sizes = jnp.bincount(experts, length=g).astype(jnp.int32)
   return xq, wq, xs, ws, sizes
