@@ -220,13 +220,13 @@ def format_table(rows) -> str:
       "|---" * (3 + len(names)) + "|",
   ]
   for case, cont in by_case.items():
-    cells = [f"{cont[n]['median_ms']:.3f} ({cont[n]['tflops']:.0f})" for n in names]
+    cells = [
+        f"{cont[n]['median_ms']:.3f} ({cont[n]['tflops']:.0f})" if n in cont else "-" for n in names
+    ]
     ours = cont["pallas_gemm"]["median_ms"]
-    vs_pt = f"{cont['per_tensor']['median_ms'] / ours:.3f}" if "per_tensor" in cont else "-"
+    ratio = lambda name: f"{cont[name]['median_ms'] / ours:.3f}" if name in cont else "-"
     lines.append(
-        f"| {case} | "
-        + " | ".join(cells)
-        + f" | {cont['xla_dequant']['median_ms'] / ours:.3f} | {vs_pt} |"
+        f"| {case} | " + " | ".join(cells) + f" | {ratio('xla_dequant')} | {ratio('per_tensor')} |"
     )
   return "\n".join(lines)
 
