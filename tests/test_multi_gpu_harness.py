@@ -1,0 +1,27 @@
+"""`python -m benchmarks.multi_gpu --cpu-smoke`: the sharded checks on 4 fake CPU devices
+(XLA path; on several GPUs the same checks run the kernels per shard)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("flax")
+
+
+def test_the_multi_gpu_harness_runs_on_fake_cpu_devices():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.multi_gpu", "--cpu-smoke"],
+      cwd=root,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  checks = [line for line in out.stdout.splitlines() if line.startswith("check ")]
+  assert len(checks) == 6 and all(line.endswith(" ok") for line in checks), out.stdout
