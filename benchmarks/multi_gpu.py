@@ -150,7 +150,9 @@ def time_layers(mesh, m, n, k, rounds, iterations):
     args = (put(_normal((m, k), 7), x_spec), put(_normal((k, n), 8, k**-0.5), w_spec))
     fns = {
         "pallas_gemm": jax.jit(lambda x, w: matmul(x, w)),
-        "xla": jax.jit(lambda x, w: jnp.dot(x, w, out_sharding=P(x_spec[0], w_spec[1]))),
+        "xla": jax.jit(
+            lambda x, w: jnp.dot(x, w, out_sharding=NamedSharding(mesh, P(x_spec[0], w_spec[1])))
+        ),
     }
     samples = {f: [] for f in fns}
     for _ in range(rounds):
