@@ -27,6 +27,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import sharding
 from pallas_gemm import smem
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
 from pallas_gemm.gemm import IMPLEMENTATIONS, INTERPRET_NUM_SMS
@@ -112,16 +113,48 @@ def ragged_dot(
     raise TypeError(
         f"preferred_element_type must be one of {OUTPUT_DTYPES} for the kernel, got {out_dtype}"
     )
-  out = _ragged_dot_vjp(
+  kernel = lambda lhs, rhs, sizes: _ragged_dot_vjp(
       lhs,
       rhs,
-      group_sizes.astype(jnp.int32),
+      sizes.astype(jnp.int32),
       bool(transpose_rhs),
       out_dtype.name,
       config,
       implementation == "interpret",
   )
+  mesh = sharding.explicit_mesh(lhs, rhs, group_sizes)
+  if mesh is None:
+    out = kernel(lhs, rhs, group_sizes)
+  else:
+    out = _per_shard(kernel, mesh, lhs, rhs, group_sizes, transpose_rhs)
   return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _per_shard(kernel, mesh, lhs, rhs, group_sizes, transpose_rhs):
+  """The kernel on the local blocks of arrays on a mesh with Explicit axes (a Mosaic
+  kernel is a custom call XLA cannot partition): rhs's N axes split the output columns;
+  K's axes (rhs's, else lhs's) split the contraction, their partial sums added by psum
+  in the output dtype (as XLA's sharded dot adds them); lhs rows and the groups are
+  gathered, since a group's rows may lie on any device."""
+  spec_l, spec_r = sharding.explicit_spec(lhs), sharding.explicit_spec(rhs)
+  k_r, n = (spec_r[2], spec_r[1]) if transpose_rhs else (spec_r[1], spec_r[2])
+  k = k_r or spec_l[1]
+  n = tuple(axis for axis in n if axis not in k)
+  specs = ((), k), ((), n, k) if transpose_rhs else ((), k, n), ((),)
+
+  def local(lhs, rhs, sizes):
+    out = kernel(lhs, rhs, sizes)
+    return jax.lax.psum(out, k) if k else out
+
+  run = jax.shard_map(
+      local,
+      mesh=mesh,
+      in_specs=tuple(sharding.partition_spec(spec) for spec in specs),
+      out_specs=sharding.partition_spec(((), n)),
+      check_vma=False,
+  )
+  arrays = (lhs, rhs, group_sizes)
+  return jax.jit(run)(*(sharding.reshard(x, spec, mesh) for x, spec in zip(arrays, specs)))
 
 
 def _check(lhs, rhs, group_sizes, transpose_rhs):

@@ -13,7 +13,8 @@ shard the contracting dimension:
 
 With a sharded K the epilogue (biases, c, activation, ...) does not commute
 with the sum of partial products, so each shard computes `alpha * op(a) @ op(b)`
-in f32, the sum is taken, and the epilogue runs in XLA on it, still per shard.
+(in the output dtype if it has 16 bits, as XLA's sharded dot sums; else f32), the
+sum is taken, and the epilogue runs in XLA on it in f32, still per shard.
 
 Arrays on meshes with Auto axes carry no sharding in their types inside
 `jax.jit`; for them `gemm` runs the kernel on the global arrays and leaves
@@ -33,6 +34,7 @@ import dataclasses
 
 import jax
 from jax import lax
+import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from pallas_gemm import batching
@@ -59,17 +61,27 @@ def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=Non
       return batching.gemm(call, a, b, **kw)
     if "row_bias" in kw:
       kw["row_bias"] = kw["row_bias"][:, None]
-    acc = lax.psum(batching.gemm(call.product(), a, b), plan.k)
-    return batching.finish_epilogue(call, acc, **kw)
+    acc = lax.psum(batching.gemm(_partial_product(call), a, b), plan.k)
+    return batching.finish_epilogue(call, acc.astype(jnp.float32), **kw)
 
   sharded = jax.shard_map(
       local,
       mesh=mesh,
-      in_specs=tuple(_p(specs[name]) for name in arrays),
-      out_specs=(_p(plan.out),) * 2 if call.return_pre else _p(plan.out),
+      in_specs=tuple(partition_spec(specs[name]) for name in arrays),
+      out_specs=(partition_spec(plan.out),) * 2 if call.return_pre else partition_spec(plan.out),
       check_vma=False,
   )
   return jax.jit(sharded)(*(reshard(x, specs[name], mesh) for name, x in arrays.items()))
+
+
+def _partial_product(call):
+  """The per-shard product of a sharded K: f32, or a 16-bit output's dtype, in which the
+  partial sums then travel (half the bytes of f32; XLA's sharded dot does the same). Two
+  H100s, 16384x8192x2048 row-parallel: 4.82 ms with f32 partials, XLA 2.44 (NOTES exp. 65)."""
+  product = call.product()
+  if jnp.dtype(call.out_dtype).itemsize == 2:
+    product = dataclasses.replace(product, out_dtype=jnp.dtype(call.out_dtype).name)
+  return product
 
 
 def explicit_mesh(*arrays):
@@ -89,7 +101,7 @@ def reshard(x, spec, mesh=None):
   if spec is None or _spec(x) == tuple(spec):
     return x
   mesh = mesh or explicit_mesh(x)
-  return jax.sharding.reshard(x, NamedSharding(mesh, _p(spec)))
+  return jax.sharding.reshard(x, NamedSharding(mesh, partition_spec(spec)))
 
 
 def explicit_spec(x):
@@ -136,5 +148,6 @@ def _spec(x):
   return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec)
 
 
-def _p(spec):
+def partition_spec(spec):
+  """The `PartitionSpec` of a per-dim spec (tuples of mesh axis names, () = replicated)."""
   return P(*(None if not e else e[0] if len(e) == 1 else e for e in spec))

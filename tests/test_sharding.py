@@ -245,3 +245,25 @@ def test_kernel_runs_per_shard_when_lowered_for_cuda():
   # forward, dX, dW kernels; psums over K of the forward ('model') and of dW ('data')
   assert module.count("@mosaic_gpu_v2") == 3
   assert module.count("stablehlo.all_reduce") == 2
+
+
+@needs_devices
+@pytest.mark.parametrize("k_sharded", [False, True])
+def test_ragged_kernel_runs_per_shard_when_lowered_for_cuda(k_sharded):
+  from pallas_gemm import ragged_dot
+
+  mesh = _mesh()
+  spec = lambda *names: NamedSharding(mesh, P(*names))
+  lhs = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16, sharding=spec("data", None))
+  rhs_spec = spec(None, "model", "data") if k_sharded else spec(None, None, "model")
+  rhs = jax.ShapeDtypeStruct((4, 256, 512), jnp.bfloat16, sharding=rhs_spec)
+  sizes = jax.ShapeDtypeStruct((4,), jnp.int32, sharding=spec(None))
+  f = lambda a, b, s: ragged_dot(a, b, s, implementation="pallas")
+  with jax.set_mesh(mesh):
+    exported = jax.export.export(jax.jit(f), platforms=["cuda"])(lhs, rhs, sizes)
+    out = jax.eval_shape(jax.jit(f), lhs, rhs, sizes)
+  module = exported.mlir_module()
+  assert module.count("@mosaic_gpu_v2") == 1  # one kernel, on the local blocks
+  # N by "data" and K by "model" (summed) or N by "model" alone
+  assert module.count("stablehlo.all_reduce") == (1 if k_sharded else 0)
+  assert out.sharding.spec == P(None, "data" if k_sharded else "model")
