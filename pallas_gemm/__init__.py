@@ -13,6 +13,7 @@ from pallas_gemm.autodiff import matmul
 from pallas_gemm.tuner import autotune
 from pallas_gemm.blockwise import (
     blockwise_fp8_linear,
+    blockwise_fp8_ragged_linear,
     blockwise_ragged_dot,
     blockwise_scaled_matmul,
     make_blockwise_fp8_dot_general,
@@ -21,7 +22,7 @@ from pallas_gemm.blockwise import (
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.glu import gated_linear_unit, gated_mlp
-from pallas_gemm.grouped import ragged_dot
+from pallas_gemm.grouped import ragged_dot, ragged_weight_gradient
 from pallas_gemm.perceptron import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
@@ -38,6 +39,7 @@ __all__ = [
     "RaggedConfig",
     "autotune",
     "blockwise_fp8_linear",
+    "blockwise_fp8_ragged_linear",
     "blockwise_ragged_dot",
     "blockwise_scaled_matmul",
     "dot_general",
@@ -51,6 +53,7 @@ __all__ = [
     "mlp",
     "quantize_blockwise",
     "ragged_dot",
+    "ragged_weight_gradient",
     "scaled_matmul",
 ]
 

@@ -33,7 +33,7 @@ from pallas_gemm import gemm as gemm_lib
 from pallas_gemm import grouped
 from pallas_gemm import ragged_gemm as rg
 from pallas_gemm import smem
-from pallas_gemm.config import B_SCALE_BOX, FP8_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
+from pallas_gemm.config import B_SCALE_BOX, FP8_DTYPES, INPUT_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 from pallas_gemm.tma_padding import pad_last2, round_up
@@ -490,6 +490,91 @@ def blockwise_ragged_dot(
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
   )
   return out[:m, :n]
+
+
+def blockwise_fp8_ragged_linear(
+    x, w, group_sizes, *, dtype=jnp.float8_e4m3fn, implementation: str | None = None
+):
+  """Grouped `x[rows_g] @ w[g]` (`jax.lax.ragged_dot`'s layout), differentiable, with the
+  forward and the input gradient in blockwise fp8 (as `blockwise_fp8_linear`):
+
+    forward   y  = q(x, 1x128) @ q(w[g]^T, 128x128)^T         (`blockwise_ragged_dot`)
+    dgrad     dx = q(g, 1x128) @ q(w[g], 128x128)^T           (the forward's fp8 weights
+                                                               transposed, same scales)
+    wgrad     dw[g] = x[rows_g]^T @ g[rows_g] in x's dtype    (`ragged_weight_gradient`)
+
+  The weight gradient stays 16-bit: DeepSeek's fp8 wgrad scales 128-token blocks, which
+  straddle the groups here.
+
+  Args:
+    x: (M, K) tokens sorted by expert, bf16/f16/f32; w: (G, K, N) expert weights;
+    group_sizes: (G,) rows per expert (rows past their sum give zeros).
+    dtype: the fp8 format of the quantized operands.
+    implementation: as `blockwise_ragged_dot`.
+
+  >>> x = jnp.ones((4, 128), jnp.bfloat16); w = jnp.full((2, 128, 16), 0.01, jnp.bfloat16)
+  >>> y = blockwise_fp8_ragged_linear(x, w, jnp.array([1, 3]), implementation="xla")
+  >>> y.shape, y.dtype, round(float(y[0, 0]), 2)
+  ((4, 16), dtype(bfloat16), 1.28)
+  """
+  x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+  if x.ndim != 2 or w.ndim != 3 or x.shape[1] != w.shape[1]:
+    raise ValueError(f"x must be (M, K) and w (G, K, N); got {x.shape} and {w.shape}")
+  if group_sizes.shape != (w.shape[0],) or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise ValueError(
+        f"group_sizes must be ({w.shape[0]},) integers, got {group_sizes.dtype} {group_sizes.shape}"
+    )
+  if jnp.dtype(dtype).name not in FP8_DTYPES:
+    raise TypeError(f"dtype must be one of {FP8_DTYPES}, got {jnp.dtype(dtype)}")
+  if implementation not in gemm_lib.IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  static = (jnp.dtype(dtype).name, implementation, x.dtype.name)
+  return _fp8_ragged_linear(static, x, w, group_sizes.astype(jnp.int32))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp8_ragged_linear(static, x, w, group_sizes):
+  return _ragged_linear_fwd(static, x, w, group_sizes)[0]
+
+
+def _ragged_linear_fwd(static, x, w, group_sizes):
+  dtype, implementation, out = static
+  quantize_square = lambda v: quantize_blockwise(v, (SCALE_BLOCK, SCALE_BLOCK), dtype)
+  wq, w_s = jax.vmap(quantize_square)(jnp.swapaxes(w, 1, 2))  # (G, N, K), K-major
+  xq, x_s = quantize_blockwise(x, (1, SCALE_BLOCK), dtype)
+  y = blockwise_ragged_dot(
+      xq, wq, x_s, w_s, group_sizes, out_dtype=out, implementation=implementation
+  )
+  return y, (x, wq, w_s, group_sizes, _Names(None, jnp.dtype(w.dtype).name))
+
+
+def _ragged_linear_bwd(static, saved, g):
+  dtype, implementation, out = static
+  x, wq, w_s, group_sizes, names = saved
+  gq, g_s = quantize_blockwise(g, (1, SCALE_BLOCK), dtype)
+  # dgrad: rhs (G, K, N), contracted over N: the forward's fp8 weights transposed
+  d_x = blockwise_ragged_dot(
+      gq,
+      jnp.swapaxes(wq, 1, 2),
+      g_s,
+      jnp.swapaxes(w_s, 1, 2),
+      group_sizes,
+      out_dtype=out,
+      implementation=implementation,
+  )
+  d_w = grouped.ragged_weight_gradient(  # (the kernel takes 16-bit operands only)
+      x,
+      g.astype(x.dtype),
+      group_sizes,
+      out_dtype=names.w,
+      implementation=implementation if x.dtype.name in INPUT_DTYPES else "xla",
+  )
+  return d_x, d_w, None
+
+
+_fp8_ragged_linear.defvjp(_ragged_linear_fwd, _ragged_linear_bwd)
 
 
 def fit_ragged_stages(problem):

@@ -261,6 +261,46 @@ def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpr
   return out[:m, :n]
 
 
+def ragged_weight_gradient(x, dy, group_sizes, *, out_dtype=None, implementation=None):
+  """dw[g] = x[rows_g]^T @ dy[rows_g] for the contiguous row groups of `ragged_dot`: the
+  gradient of its (G, K, N) rhs, by the ragged-contraction kernel (`ragged_tgmm`).
+
+  Args:
+    x: (M, K) and dy: (M, N), the same 16-bit dtype for the kernel; group_sizes: (G,).
+    out_dtype: the result's dtype (default x's).
+    implementation: None (the kernel on a Hopper GPU, else XLA), "pallas", "interpret"
+      or "xla" (the transpose of `lax.ragged_dot`).
+
+  >>> x = jnp.ones((3, 2), jnp.bfloat16); dy = jnp.ones((3, 4), jnp.bfloat16)
+  >>> ragged_weight_gradient(x, dy, jnp.array([1, 2]), implementation="xla")[:, 0, 0].tolist()
+  [1.0, 2.0]
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  x, dy, group_sizes = jnp.asarray(x), jnp.asarray(dy), jnp.asarray(group_sizes)
+  if x.ndim != 2 or dy.ndim != 2 or x.shape[0] != dy.shape[0] or group_sizes.ndim != 1:
+    raise ValueError(
+        f"x (M, K), dy (M, N) and group_sizes (G,) expected, got {x.shape}, {dy.shape}, "
+        f"{group_sizes.shape}"
+    )
+  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  if implementation is None:
+    kernel = x.dtype == dy.dtype and x.dtype.name in INPUT_DTYPES and _compat.on_hopper()
+    implementation = "pallas" if kernel else "xla"
+  if implementation == "xla" or 0 in (*x.shape, dy.shape[1], group_sizes.shape[0]):
+    zeros = jnp.zeros((group_sizes.shape[0], x.shape[1], dy.shape[1]), jnp.float32)
+    x32, sizes = x.astype(jnp.float32), group_sizes.astype(jnp.int32)
+    _, transpose = jax.vjp(
+        lambda w: jax.lax.ragged_dot(x32, w, sizes, precision=jax.lax.Precision.HIGHEST), zeros
+    )
+    return transpose(dy.astype(jnp.float32))[0].astype(out_dtype)
+  if x.dtype != dy.dtype or x.dtype.name not in INPUT_DTYPES:
+    raise TypeError(f"x and dy must share a dtype of {INPUT_DTYPES}, got {x.dtype}, {dy.dtype}")
+  return _run_tgmm(
+      x, dy, group_sizes.astype(jnp.int32), out_dtype.name, implementation == "interpret"
+  )
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _ragged_dot_vjp(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):
   return _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret)
