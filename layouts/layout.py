@@ -536,7 +536,7 @@ def _compose_mode(lhs: Layout, s: int, d) -> Layout:
 
 
 @_memoized
-def complement(layout, cotarget=None) -> Layout:
+def complement(layout, cotarget=None, *, strict: bool = True) -> Layout:
   """The layout of the offsets in ``[0, cotarget)`` that ``layout`` misses,
   ordered, so that ``make_layout(layout, complement(layout, n))`` covers
   ``n`` (rounded up to a whole repetition).
@@ -544,13 +544,17 @@ def complement(layout, cotarget=None) -> Layout:
   ``cotarget`` (an int or a shape) defaults to ``cosize(layout)``. Requires
   positive strides that, sorted, each divide the span of the modes below
   (otherwise the layout overlaps itself, or its modes interleave, and it has
-  no complement: CuTe C++ checks only the overlap and can return a
-  layout that misses offsets; this raises instead).
+  no complement). ``strict=False`` is CuTe's (and pycute's) form where it is
+  defined: a stride that does not divide the span below gives the floor of the
+  quotient, a layout that can miss offsets; modes that start inside
+  the span of smaller ones still raise.
 
   >>> complement(Layout(4, 4), 16)
   4:1
   >>> complement(Layout((2, 2), (1, 6)), 24)
   (3,2):(2,12)
+  >>> complement(Layout((2, 3), (2, 5)), 30, strict=False)  # 5 is no multiple of 4
+  (2,2):(1,15)
   """
   if not isinstance(layout, Layout):
     raise ValueError(f"complement: {layout!r} is not a plain Layout")
@@ -562,11 +566,16 @@ def complement(layout, cotarget=None) -> Layout:
       raise ValueError(f"complement: {layout} needs positive integer strides, has {d}")
   result, current = [], 1
   for s, d in sorted(modes, key=lambda m: (m[1], m[0])):
-    if d % current != 0:
+    if strict and d % current != 0:
       raise ValueError(
           f"complement: {layout} is not complementable: stride {d} is not a "
           f"multiple of {current}, the span of the smaller modes (the layout overlaps "
-          f"itself or its modes interleave)"
+          f"itself or its modes interleave; strict=False gives CuTe's result)"
+      )
+    if d < current:  # CuTe: an overlap fails its check; interleaving gives a 0-size mode
+      raise ValueError(
+          f"complement: {layout}'s mode {s}:{d} starts inside the span {current} of the "
+          "smaller modes (they overlap or interleave): no complement, even CuTe's"
       )
     result.append((d // current, current))
     current = s * d
@@ -602,23 +611,31 @@ def right_inverse(layout) -> Layout:
 
 
 @_memoized
-def left_inverse(layout) -> Layout:
+def left_inverse(layout, *, strict: bool = True) -> Layout:
   """A layout ``L`` with ``L(layout(i)) == i`` for every ``i < size(layout)``.
 
   Exists only for injective, complementable layouts; otherwise raises
   ``ValueError``. Follows CuTe C++: ``right_inverse(make_layout(layout,
-  complement(layout)))``.
+  complement(layout)))``. ``strict=False`` is CuTe's quasi-inverse of any layout
+  (broadcast modes and non-dividing strides accepted, `complement(strict=False)`):
+  ``layout(L(layout(i))) == layout(i)`` then holds where CuTe's does.
 
   >>> left_inverse(Layout((2, 2), (2, 1)))
   (2,2):(2,1)
+  >>> left_inverse(Layout((2, 4), (0, 1)), strict=False)  # the broadcast mode is dropped
+  4:2
   """
   if not isinstance(layout, Layout):
     raise ValueError(f"left_inverse: {layout!r} is not a plain Layout")
-  for s, d in zip(flatten(layout.shape), flatten(layout.stride)):
-    if s > 1 and is_int(d) and d == 0:
-      raise ValueError(f"left_inverse: {layout} is not injective (mode {s}:0 broadcasts)")
+  if strict:
+    for s, d in zip(flatten(layout.shape), flatten(layout.stride)):
+      if s > 1 and is_int(d) and d == 0:
+        raise ValueError(
+            f"left_inverse: {layout} is not injective (mode {s}:0 broadcasts; "
+            "strict=False gives CuTe's quasi-inverse)"
+        )
   try:
-    comp = complement(layout)
+    comp = complement(layout, strict=strict)
   except ValueError as err:
     raise ValueError(f"left_inverse: {layout} has no left inverse: {err}") from None
   return right_inverse(make_layout(layout, comp))

@@ -479,6 +479,30 @@ def test_complement_of_self_overlapping_layout_raises(L):
     complement(L, 64)
 
 
+@pytest.mark.parametrize(
+    "L", [Layout((2, 3), (2, 5)), Layout((3, 2), (1, 4)), Layout((2, 2, 3), (1, 3, 7))]
+)
+def test_cute_complement_of_strides_that_do_not_divide(L):
+  with pytest.raises(ValueError, match="strict=False"):
+    complement(L, 64)
+  # CuTe's result: L and its complement together are injective (they may miss offsets)
+  both = make_layout(L, complement(L, 64, strict=False))
+  assert len(set(offsets(both).tolist())) == size(both)
+  assert complement(Layout((2, 3), (2, 5)), 30, strict=False) == Layout((2, 2), (1, 15))
+
+
+@pytest.mark.parametrize(
+    "L", [Layout((4, 3), (3, 1)), Layout((2, 2), (1, 6)), Layout((4, 3, 1), (2, 0, 9))]
+)
+def test_cute_complement_agrees_where_the_strict_one_is_defined(L):
+  assert complement(L, 48, strict=False) == complement(L, 48)
+
+
+def test_cute_complement_still_refuses_interleaved_modes():
+  with pytest.raises(ValueError, match="even CuTe's"):
+    complement(Layout((2, 3), (2, 3)), 18, strict=False)
+
+
 def test_complement_needs_positive_integer_strides():
   with pytest.raises(ValueError, match="positive integer strides"):
     complement(Layout(4, -1), 8)
@@ -540,8 +564,18 @@ def test_left_inverse(L, expected):
   assert Linv == expected
 
 
+@pytest.mark.parametrize(
+    "L", [Layout((4, 2), (1, 0)), Layout((2, 4), (0, 1)), Layout((2, 3, 2), (2, 0, 1))]
+)
+def test_cute_quasi_inverse_of_broadcasting_layouts(L):
+  Linv = left_inverse(L, strict=False)
+  # L(Linv(L(i))) == L(i): each offset goes back to an index with that offset
+  image = offsets(L)
+  np.testing.assert_array_equal(offsets(L)[evaluated(Linv, cosize(L))[image]], image)
+
+
 def test_left_inverse_does_not_exist_for_non_injective_layouts():
-  with pytest.raises(ValueError, match="not injective"):
+  with pytest.raises(ValueError, match="not injective.*strict=False"):
     left_inverse(Layout((4, 2), (1, 0)))
   with pytest.raises(ValueError, match="no left inverse"):
     left_inverse(Layout((2, 2), (1, 1)))
