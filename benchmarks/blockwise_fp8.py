@@ -262,21 +262,13 @@ def main(argv=None):
   if args.grouped:
     default = GROUPED_SMOKE if implementation == "interpret" else GROUPED_SHAPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in (args.shapes or default).split(",")]
-    rows = run_grouped(
-        shapes,
-        implementation=implementation,
-        rounds=args.rounds,
-        iterations=args.iterations,
-        timer=timer,
-    )
-  else:
-    rows = run(
-        shapes,
-        implementation=implementation,
-        rounds=args.rounds,
-        iterations=args.iterations,
-        timer=timer,
-    )
+  rows = (run_grouped if args.grouped else run)(
+      shapes,
+      implementation=implementation,
+      rounds=args.rounds,
+      iterations=args.iterations,
+      timer=timer,
+  )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "blockwise_fp8.json"), "w") as f:

@@ -280,15 +280,21 @@ def blockwise_fp8_linear(
     raise ValueError(f"x must be (..., K) and w (K, N); got {x.shape} and {w.shape}")
   if bias is not None and jnp.shape(bias) != (w.shape[1],):
     raise ValueError(f"bias must have shape (N,) = ({w.shape[1]},), got {jnp.shape(bias)}")
+  static = _layer_static(dtype, implementation, x)
+  y = _fp8_linear(static, x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, bias)
+  return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+def _layer_static(dtype, implementation, x):
+  """The fp8 layers' static arguments, checked: (fp8 dtype name, implementation, x's
+  dtype name)."""
   if jnp.dtype(dtype).name not in FP8_DTYPES:
     raise TypeError(f"dtype must be one of {FP8_DTYPES}, got {jnp.dtype(dtype)}")
   if implementation not in gemm_lib.IMPLEMENTATIONS:
     raise ValueError(
         f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
     )
-  static = (jnp.dtype(dtype).name, implementation, x.dtype.name)
-  y = _fp8_linear(static, x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, bias)
-  return y.reshape(*x.shape[:-1], w.shape[1])
+  return jnp.dtype(dtype).name, implementation, x.dtype.name
 
 
 def _matmul(static, a, a_block, b, b_block, out_dtype):
@@ -524,13 +530,7 @@ def blockwise_fp8_ragged_linear(
     raise ValueError(
         f"group_sizes must be ({w.shape[0]},) integers, got {group_sizes.dtype} {group_sizes.shape}"
     )
-  if jnp.dtype(dtype).name not in FP8_DTYPES:
-    raise TypeError(f"dtype must be one of {FP8_DTYPES}, got {jnp.dtype(dtype)}")
-  if implementation not in gemm_lib.IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
-    )
-  static = (jnp.dtype(dtype).name, implementation, x.dtype.name)
+  static = _layer_static(dtype, implementation, x)
   return _fp8_ragged_linear(static, x, w, group_sizes.astype(jnp.int32))
 
 
