@@ -24,9 +24,14 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2))
 INPUT_DTYPES = ("bfloat16", "float16")
 """16-bit operand dtypes: any layout (WGMMA reads them K- or MN-major)."""
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
-K_MAJOR_DTYPES = (*FP8_DTYPES, "float32")
+INT_DTYPES = ("int8",)
+"""Integer operand dtypes: WGMMA multiplies s8 x s8 into an s32 accumulator (exact),
+converted to f32 for the epilogue (W8A8, `pallas_gemm.int8_matmul`)."""
+K_MAJOR_DTYPES = (*FP8_DTYPES, *INT_DTYPES, "float32")
 """Operand dtypes WGMMA reads K-major only: A stored (M, K), B stored (N, K).
 float32 operands are multiplied in tf32 (10-bit mantissa), accumulated in f32."""
+NARROW_DTYPES = (*FP8_DTYPES, *INT_DTYPES)
+"""1-byte operand dtypes, whose GEMMs default to a bf16 output."""
 KERNEL_INPUT_DTYPES = (*INPUT_DTYPES, *K_MAJOR_DTYPES)
 B_SCALE_BOX = 32
 """Blockwise fp8: f32 columns of the TMA box that brings a tile's (128 x 128) B block scale

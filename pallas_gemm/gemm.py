@@ -38,7 +38,9 @@ from pallas_gemm import split_k
 from pallas_gemm.config import (
     ADDEND_DTYPES,
     FP8_DTYPES,
+    INT_DTYPES,
     K_MAJOR_DTYPES,
+    NARROW_DTYPES,
     KERNEL_INPUT_DTYPES,
     KERNEL_OUTPUT_DTYPES,
     GemmConfig,
@@ -224,7 +226,7 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
         f"batch dims of a {batch_a} and b {batch_b} must be equal (or one operand 2-D)"
     )
   batch_shape = batch_a or batch_b
-  out_dtype = jnp.dtype(out_dtype or (jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype))
+  out_dtype = jnp.dtype(out_dtype or (jnp.bfloat16 if a.dtype.name in NARROW_DTYPES else a.dtype))
   if out_dtype.name not in KERNEL_OUTPUT_DTYPES:
     raise TypeError(f"out_dtype must be one of {KERNEL_OUTPUT_DTYPES}, got {out_dtype}")
   if out_dtype.name in FP8_DTYPES and c is not None and beta != 0.0:
@@ -342,7 +344,10 @@ def xla_gemm(
     # (an f32 result and a convert cost a second pass over the output: 52 against 45 us
     # at 8192x8192x16 on the H100, NOTES exp. 52).
     return jnp.matmul(op_a, op_b, preferred_element_type=problem.out_dtype)
-  acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
+  if op_a.dtype.name in INT_DTYPES:  # s8 x s8 -> s32 (exact; XLA's integer GEMM), then f32
+    acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.int32).astype(jnp.float32)
+  else:
+    acc = jnp.matmul(op_a, op_b, preferred_element_type=jnp.float32)
   return _epilogue_in_xla(
       problem.out_dtype,
       spec,

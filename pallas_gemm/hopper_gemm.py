@@ -42,7 +42,7 @@ from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm import tile_epilogue
-from pallas_gemm.config import B_SCALE_BOX, DEFAULT_NUM_SMS, GemmConfig, GemmProblem, tiles
+from pallas_gemm.config import B_SCALE_BOX, DEFAULT_NUM_SMS, INT_DTYPES, GemmConfig, GemmProblem, tiles
 from pallas_gemm.tile_epilogue import at
 
 EXPERIMENT_COMPILER_PARAMS: dict = {}
@@ -163,6 +163,7 @@ def _kernel(
   wm, wn = cfg.wg_tile
   pingpong = cfg.schedule == "pingpong"
   out_dtype = out_gmem.dtype
+  acc_dtype = jnp.int32 if prob.dtype in INT_DTYPES else jnp.float32
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
   b_cols = tn // 2 if b_up_gmem is not None else tn  # gated: gate and up tiles of tn/2
   b_block = (b_cols, tk) if prob.transpose_b else (tk, b_cols)
@@ -339,10 +340,10 @@ def _kernel(
 
         return
 
-      @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), jnp.float32))
+      @functools.partial(pl.run_scoped, acc=plgpu.ACC((wm, wn), acc_dtype))
       def _(acc):
         ring.mma(acc, step0, kb, ke, operands)
-        result = acc[...]
+        result = acc[...].astype(jnp.float32)  # s8 x s8 WGMMA accumulates exactly in s32
         if whole:
           epi.run(result, batch_idx, row0, col0, scalars)
           return

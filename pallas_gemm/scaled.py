@@ -38,7 +38,7 @@ from pallas_gemm import _compat
 from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
-from pallas_gemm.config import FP8_DTYPES, GemmConfig
+from pallas_gemm.config import FP8_DTYPES, INT_DTYPES, GemmConfig
 from pallas_gemm.gemm import (IMPLEMENTATIONS, epilogue_spec, kernel_gemm, gemm_problem, xla_gemm)
 
 
@@ -57,10 +57,11 @@ def scaled_matmul(
     config: GemmConfig | None = None,
     implementation: str | None = None,
 ):
-  """`act(a_scale * b_scale * (a @ b) + bias)`, fp8 operands, f32 accumulation, one kernel.
+  """`act(a_scale * b_scale * (a @ b) + bias)`, fp8 (or int8) operands, one kernel.
 
   Args:
-    a: (..., M, K) float8_e4m3fn or float8_e5m2 (leading dims fold into M).
+    a: (..., M, K) float8_e4m3fn or float8_e5m2 (leading dims fold into M), or int8
+      with an int8 `b` (s8 x s8 WGMMA, exact s32 accumulation; `pallas_gemm.int8_matmul`).
     b: (N, K) with `transpose_b=True` (the default: the layout the fp8 kernel
       reads without a copy, as `jax.nn.scaled_matmul`'s rhs), else (K, N),
       which costs an XLA transpose of `b`. fp8, the dtype of `a` (e4m3 x e5m2
@@ -95,9 +96,13 @@ def scaled_matmul(
   if not isinstance(return_amax, bool):
     raise TypeError(f"return_amax must be a bool, got {type(return_amax).__name__}")
   a, b = jnp.asarray(a), jnp.asarray(b)
+  integer = a.dtype.name in INT_DTYPES
   for name, x in (("a", a), ("b", b)):
-    if x.dtype.name not in FP8_DTYPES:
-      raise TypeError(f"{name} must be one of {FP8_DTYPES}, got {x.dtype}")
+    if x.dtype.name not in (INT_DTYPES if integer else FP8_DTYPES):
+      raise TypeError(
+          f"{name} must be one of {FP8_DTYPES}, or int8 with an int8 other operand; "
+          f"got a {a.dtype} and b {b.dtype}"
+      )
   if b.ndim != 2:
     raise ValueError(f"b must be 2-D ((N, K) with transpose_b, else (K, N)), got shape {b.shape}")
   if out_dtype is None:

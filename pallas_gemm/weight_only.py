@@ -1,0 +1,371 @@
+"""Weight-only quantized GEMM: `quantized_matmul(x, w_q, scales, zeros)` and its quantizer.
+
+    w[k, n] = (w_q[n, k] - zeros[k // G, n]) * scales[k // G, n]        (G = group_size)
+    y = act(x @ w + bias)
+
+The weights are int4 or int8, stored (N, K) (K-major: the layout the kernel
+reads, the transpose of a (K, N) Dense kernel), with one scale (and optionally
+one zero point) per group of G consecutive K and per output column, as in
+GPTQ/AWQ (G = 128) or per channel (G = K). int4 values are jnp.int4 in [-8, 7],
+which XLA stores two to a byte (low nibble first); a uint8 array of packed
+nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
+signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
+
+Decode (few tokens) runs the Hopper kernel of `weight_only_gemm`, which reads
+the packed weights once and dequantizes them in registers; larger M runs XLA's
+GEMM on the weights dequantized by an XLA fusion (`implementation="xla"`, also
+the reference), where the tensor cores, not the weight bytes, set the time.
+
+>>> import jax.numpy as jnp
+>>> w = jnp.tile(jnp.array([7.0, -7, 1, 2, 3, 0, -1, 5]), 2)[:, None] * jnp.ones((1, 2))  # (K, N)
+>>> qw = quantize_weights(w, bits=4, group_size=8)
+>>> qw.values.shape, qw.values.dtype, qw.scales.shape
+((2, 16), dtype(int4), (2, 2))
+>>> x = jnp.ones((1, 16), jnp.bfloat16)
+>>> quantized_matmul(x, qw, implementation="xla").tolist()
+[[20.0, 20.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import weight_only_gemm as kernel_lib
+from pallas_gemm.config import tiles
+from pallas_gemm.tma_padding import round_up, tma_rows
+
+IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
+KERNEL_MAX_M = 128
+"""Auto routing: above this many tokens XLA's GEMM on dequantized weights is used
+(the tensor cores, not the weight bytes, set the time there)."""
+INTERPRET_NUM_SMS = 2
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+  """A (K, N) weight quantized for `quantized_matmul`: `values` (N, K) int4/int8,
+  `scales` (K // group_size, N), `zeros` like `scales` or None; a pytree whose
+  leaves are the arrays."""
+
+  values: jax.Array
+  scales: jax.Array
+  zeros: jax.Array | None = None
+  group_size: int = dataclasses.field(default=128, metadata=dict(static=True))
+
+  @property
+  def bits(self) -> int:
+    return 4 if self.values.dtype == jnp.int4 else 8
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    """The (K, N) shape of the weight it stands for."""
+    n, k = self.values.shape
+    return k, n
+
+
+def quantize_weights(
+    w, bits: int = 4, group_size: int = 128, *, symmetric=True, dtype=jnp.bfloat16
+):
+  """Quantizes a (K, N) weight per group of `group_size` K rows (-1: per channel).
+
+  Symmetric: scale = max|w| / qmax (qmax 7 for int4, 127 for int8), no zeros.
+  Asymmetric: the group's [min, max] spans [-2^(bits-1), 2^(bits-1) - 1] with a
+  real-valued zero point. Returns a `QuantizedWeight` whose scales (and zeros)
+  are `dtype`, the activations' dtype, as the kernel multiplies in it.
+  """
+  w = jnp.asarray(w)
+  if w.ndim != 2:
+    raise ValueError(f"w must be (K, N), got shape {w.shape}")
+  if bits not in kernel_lib.BITS:
+    raise ValueError(f"bits must be one of {kernel_lib.BITS}, got {bits!r}")
+  k, n = w.shape
+  group_size = k if group_size == -1 else group_size
+  if not isinstance(group_size, int) or group_size <= 0 or k % group_size:
+    raise ValueError(f"group_size={group_size!r} must be a positive divisor of K={k} (or -1)")
+  lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+  groups = w.astype(jnp.float32).reshape(k // group_size, group_size, n)
+  if symmetric:
+    amax = jnp.max(jnp.abs(groups), axis=1)
+    scales = jnp.where(amax > 0, amax / hi, 1.0)
+    zeros = None
+    q = jnp.round(groups / scales[:, None])
+  else:
+    gmin, gmax = jnp.min(groups, axis=1), jnp.max(groups, axis=1)
+    scales = jnp.where(gmax > gmin, (gmax - gmin) / (hi - lo), 1.0)
+    zeros = lo - gmin / scales
+    q = jnp.round(groups / scales[:, None] + zeros[:, None])
+  q = jnp.clip(q, lo, hi).reshape(k, n).T.astype(jnp.int4 if bits == 4 else jnp.int8)
+  return QuantizedWeight(
+      q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
+  )
+
+
+def dequantize_weights(qw: QuantizedWeight, dtype=jnp.float32):
+  """The (K, N) weight `qw` stands for, computed in f32, returned as `dtype`."""
+  q = qw.values.astype(jnp.float32).T  # (K, N)
+  repeat = lambda v: jnp.repeat(v.astype(jnp.float32), qw.group_size, axis=0)
+  if qw.zeros is not None:
+    q = q - repeat(qw.zeros)
+  return (q * repeat(qw.scales)).astype(dtype)
+
+
+def unpack_int4(packed):
+  """(N, K // 2) uint8 of two nibbles per byte (low nibble = even k) -> (N, K) int4."""
+  packed = jnp.asarray(packed)
+  if packed.dtype != jnp.uint8:
+    raise TypeError(f"packed int4 weights must be uint8, got {packed.dtype}")
+  low = (packed & 0xF).astype(jnp.int8)
+  high = (packed >> 4).astype(jnp.int8)
+  both = jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
+  return jnp.where(both > 7, both - 16, both).astype(jnp.int4)
+
+
+def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
+  """Checks `quantized_matmul`'s weight arguments; a `QuantizedWeight`."""
+  if isinstance(w_q, QuantizedWeight):
+    if scales is not None or zeros is not None:
+      raise ValueError("scales and zeros come from the QuantizedWeight; pass them as None")
+    values, scales, zeros, group_size_given = w_q.values, w_q.scales, w_q.zeros, w_q.group_size
+    if group_size is not None and group_size != group_size_given:
+      raise ValueError(f"group_size={group_size} but the QuantizedWeight has {group_size_given}")
+    group_size = group_size_given
+  else:
+    values = jnp.asarray(w_q)
+    if scales is None:
+      raise TypeError("scales is required with an array w_q")
+  if values.dtype == jnp.uint8:
+    if bits != 4:
+      raise ValueError(
+          f"w_q is uint8: packed int4 (two per byte) needs bits=4, got bits={bits!r}; "
+          "int8 weights are int8"
+      )
+    values = unpack_int4(values)
+  elif values.dtype in (jnp.int4, jnp.int8):
+    dtype_bits = 4 if values.dtype == jnp.int4 else 8
+    if bits is not None and bits != dtype_bits:
+      raise ValueError(f"bits={bits} but w_q is {values.dtype} ({dtype_bits} bits)")
+  else:
+    raise TypeError(f"w_q must be int4, int8 or uint8 (packed int4), got {values.dtype}")
+  if values.ndim != 2:
+    raise ValueError(f"w_q must be (N, K) (K-major), got shape {values.shape}")
+  n, k = values.shape
+  scales = jnp.asarray(scales)
+  if scales.ndim == 1:
+    scales = scales[None]
+  if scales.ndim != 2 or scales.shape[1] != n or scales.shape[0] == 0 or k % scales.shape[0]:
+    raise ValueError(
+        f"scales must be (K // group_size, N) with N={n} and a group count dividing K={k}, "
+        f"got shape {scales.shape}"
+    )
+  inferred = k // scales.shape[0]
+  if group_size is not None and group_size not in (inferred, -1 if inferred == k else None):
+    raise ValueError(
+        f"group_size={group_size} does not match scales {scales.shape}: K={k} / "
+        f"{scales.shape[0]} groups = {inferred}"
+    )
+  if not jnp.issubdtype(scales.dtype, jnp.floating):
+    raise TypeError(f"scales must be floating, got {scales.dtype}")
+  if zeros is not None:
+    zeros = jnp.asarray(zeros)
+    zeros = zeros[None] if zeros.ndim == 1 else zeros
+    if zeros.shape != scales.shape:
+      raise ValueError(f"zeros must have the shape of scales {scales.shape}, got {zeros.shape}")
+  return QuantizedWeight(values, scales, zeros, inferred)
+
+
+def default_config(
+    problem: kernel_lib.WeightOnlyProblem, num_sms: int, dequant: str = "registers"
+) -> kernel_lib.WeightOnlyConfig:
+  """Tiles for the weight-only kernel: the narrowest token tile that holds M, the widest
+  K step one scale group allows, split-K to fill the SMs, and the deepest ring that fits.
+
+  >>> p = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
+  >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.split_k)
+  (16, 128, 4)
+  """
+  tile_m = next((t for t in (16, 32, 64, 128) if t >= problem.m), 256)
+  tile_k = next(
+      t
+      for t in (256, 128, 64)
+      if (problem.per_channel or problem.group_size % t == 0)
+      and tile_m * t <= 256 * 128
+      and (t <= 128 or problem.bits == 4)
+  )
+  k_steps = tiles(problem.k, tile_k)
+  items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.TILE_N)
+  # Split K while it removes a wave's worth of steps: time ~ waves * steps per item.
+  best, split_k = None, 1
+  for splits in range(1, min(16, k_steps) + 1):
+    cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * (1 + 0.02 * splits)
+    if best is None or cost < best:
+      best, split_k = cost, splits
+  config = kernel_lib.WeightOnlyConfig(
+      tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant
+  )
+  return deepest_ring(config, problem)
+
+
+def deepest_ring(config, problem, most: int = 16):
+  """`config` with the most stages (up to `most`, and the K steps) that fit in SMEM."""
+  for stages in range(min(most, tiles(problem.k, config.tile_k) + 1), 1, -1):
+    candidate = dataclasses.replace(config, stages=stages)
+    if candidate.smem_bytes(problem) <= kernel_lib.SMEM_BYTES:
+      return candidate
+  return config
+
+
+def _kernel_fits(problem: kernel_lib.WeightOnlyProblem) -> str | None:
+  """Why the kernel cannot run this problem (None: it can)."""
+  if problem.k % 256:
+    return f"K={problem.k} is not a multiple of 256 (TMA's swizzled rows of both operands)"
+  if not problem.per_channel and problem.group_size % 64:
+    return f"group_size={problem.group_size} is not a multiple of 64 (one scale row per K step)"
+  return None
+
+
+def quantized_matmul(
+    x,
+    w_q,
+    scales=None,
+    zeros=None,
+    *,
+    bits=None,
+    group_size=None,
+    bias=None,
+    activation=None,
+    out_dtype=None,
+    config: kernel_lib.WeightOnlyConfig | None = None,
+    implementation=None,
+):
+  """`act(x @ dequantize(w_q) + bias)` with int4/int8 weights and per-group scales.
+
+  Args:
+    x: (..., K) bfloat16 or float16 activations.
+    w_q: (N, K) int4 or int8 values (K-major), (N, K // 2) uint8 packed int4 with
+      `bits=4`, or a `QuantizedWeight` (then `scales`/`zeros` are None).
+    scales: (K // group_size, N) dequantization multipliers ((N,) or (1, N) per channel).
+    zeros: zero points shaped like `scales`, or None (symmetric).
+    bits: 4 or 8; inferred from `w_q`'s dtype, required for packed uint8.
+    group_size: checked against the scales' shape when given (-1: per channel).
+    bias: (N,) added in f32, or None. activation: as `pallas_gemm.matmul`'s.
+    out_dtype: defaults to x's dtype.
+    config: a `WeightOnlyConfig`, or None for `default_config`.
+    implementation: None/"auto" (the kernel on a Hopper GPU for M <= KERNEL_MAX_M
+      tokens where it applies, else XLA), "pallas", "interpret" or "xla".
+  Returns:
+    (..., N) array of `out_dtype`.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  qw = _as_quantized(w_q, scales, zeros, bits, group_size)
+  x = jnp.asarray(x)
+  if x.dtype.name not in kernel_lib.ACTIVATION_DTYPES:
+    raise TypeError(f"x must be one of {kernel_lib.ACTIVATION_DTYPES}, got {x.dtype}")
+  k, n = qw.shape
+  if x.ndim < 1 or x.shape[-1] != k:
+    raise ValueError(
+        f"x must be (..., K) with K={k} (w_q is (N, K) = {qw.values.shape}), got {x.shape}"
+    )
+  if bias is not None and jnp.shape(bias) != (n,):
+    raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
+  if config is not None and not isinstance(config, kernel_lib.WeightOnlyConfig):
+    raise TypeError(f"config must be a WeightOnlyConfig or None, got {type(config).__name__}")
+  activation = epilogue_lib.activation_name(activation)
+  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  lead, x2 = x.shape[:-1], x.reshape(-1, k)
+  m = x2.shape[0]
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m,
+      n=n,
+      k=k,
+      bits=qw.bits,
+      group_size=qw.group_size,
+      dtype=x.dtype.name,
+      zeros=qw.zeros is not None,
+  )
+  why_not = _kernel_fits(problem)
+  if implementation in (None, "auto"):
+    use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= KERNEL_MAX_M
+    implementation = "pallas" if use_kernel else "xla"
+  if 0 in (m, n):
+    implementation = "xla"
+  if implementation != "xla" and why_not is not None:
+    raise ValueError(
+        f"implementation={implementation!r}: the weight-only kernel cannot run: {why_not}"
+    )
+  if implementation == "xla":
+    acc = jnp.matmul(x2, dequantize_weights(qw, x.dtype), preferred_element_type=jnp.float32)
+  else:
+    acc = _kernel_product(x2, qw, problem, config, interpret=implementation == "interpret")
+  y = epilogue_lib.apply(
+      epilogue_lib.EpilogueSpec(activation=activation),
+      acc,
+      bias=None if bias is None else jnp.asarray(bias, jnp.float32)[None],
+  )
+  return y.astype(out_dtype).reshape(*lead, n)
+
+
+def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool):
+  """x @ dequantize(qw) in f32 (M, N) through the kernel: per-group scales in it,
+  per-channel scales (and zero points) applied to its summed partials here."""
+  if interpret:
+    num_sms = INTERPRET_NUM_SMS
+  else:
+    _compat.require_hopper("pallas_gemm.quantized_matmul (implementation='pallas')")
+    num_sms = _compat.device_sm_count()
+  config = config or default_config(problem, num_sms or kernel_lib.DEFAULT_NUM_SMS)
+  if interpret:  # no register operand there, and no zero fill past K: whole splits
+    k_steps = tiles(problem.k, config.tile_k)
+    split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
+    config = dataclasses.replace(config, dequant="smem", split_k=split_k)
+    config = deepest_ring(config, problem, most=config.stages)
+  m_rows = round_up(problem.m, config.tile_m) if interpret else tma_rows(problem.m)
+  x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x
+  values, n = qw.values, problem.n
+  if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
+    n_rows = round_up(n, kernel_lib.TILE_N)
+    values = jnp.pad(values, ((0, n_rows - n), (0, 0)))
+  group_scales = group_zeros = None
+  if not problem.per_channel:
+    group_scales = qw.scales.astype(x.dtype)
+    if qw.zeros is not None:  # the kernel adds -zero * scale after scaling q
+      group_zeros = (-qw.zeros.astype(jnp.float32) * qw.scales.astype(jnp.float32)).astype(x.dtype)
+    if interpret:
+      pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[0] - n)))
+      group_scales = pad(group_scales)
+      group_zeros = None if group_zeros is None else pad(group_zeros)
+  partials = kernel_lib.weight_only_gemm(
+      x_in,
+      values,
+      group_scales,
+      group_zeros,
+      problem=dataclasses.replace(problem, m=x_in.shape[0], n=values.shape[0]),
+      config=config,
+      interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
+      num_sms=num_sms,
+  )
+  acc = partials.sum(axis=0)[:n, : problem.m].T  # (M, N) f32
+  if problem.per_channel:
+    scale = qw.scales[0].astype(jnp.float32)
+    if qw.zeros is not None:
+      row_sums = x.astype(jnp.float32).sum(axis=1, keepdims=True)
+      acc = acc - row_sums * qw.zeros[0].astype(jnp.float32)
+    acc = acc * scale
+  return acc
+
+
+__all__ = [
+    "QuantizedWeight",
+    "dequantize_weights",
+    "quantize_weights",
+    "quantized_matmul",
+    "unpack_int4",
+]

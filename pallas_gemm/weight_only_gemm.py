@@ -1,0 +1,306 @@
+"""The weight-only quantized GEMM kernel: x (M, K) 16-bit times int4/int8 weights with group scales.
+
+Decode multiplies a few tokens by a large weight, and its time is the time to
+read the weight. This kernel reads the weight quantized (int4: a quarter of the
+bytes of bf16) and dequantizes it in registers, between the TMA ring and WGMMA:
+
+  - It computes out^T = W^T x^T. The weight is stored (N, K), K-major; each
+    consumer warpgroup loads a (64, tile_k) slice of it from shared memory
+    straight into registers (`WGMMA_UPCAST_4X` / `_2X` layouts, made for this),
+    converts it to the activation dtype (Mosaic's int4 -> bf16 conversion is
+    CUTLASS's lop3/prmt sequence), multiplies by the group's scales (and adds
+    -zero * scale) and hands it to WGMMA as the register A operand. The tokens
+    are WGMMA's N (a multiple of 8, from 16), read from shared memory as the
+    K-major B operand: decode pays for 16 rows of tensor-core work, not 64.
+  - One ring step is one K block of `tile_k` weights, within one scale group
+    (`tile_k` divides `group_size`), so a step needs one scale row.
+  - The persistent CTAs share (split, token tile, 128 weight rows) work items;
+    split-K gives decode enough of them to fill the SMs. The kernel writes f32
+    partial sums (splits, N, M) and the caller's XLA fusion sums the splits,
+    transposes, and applies per-channel scales, bias and activation.
+
+Built from the package's pipeline (`pallas_gemm.pipeline`): the same ring,
+persistent loop, role split and launch as the dense kernel; what is its own is
+`operands` (the convert stage) and the transposed f32 store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from pallas_gemm import _compat
+from pallas_gemm import pipeline
+from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
+from pallas_gemm.smem import LIMIT_BYTES as SMEM_BYTES
+
+ROWS_PER_WG = 64
+"""Weight rows (output columns) per consumer warpgroup: WGMMA's M."""
+TILE_N = pipeline.CONSUMERS * ROWS_PER_WG
+"""Weight rows per work item."""
+BITS = (4, 8)
+DEQUANT = ("registers", "smem")
+ACTIVATION_DTYPES = ("bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightOnlyProblem:
+  """out (M, N) = x (M, K) @ dequant(w (N, K) of `bits`, scales per `group_size` of K).
+
+  `per_channel` (group_size == K): the scale is constant along K and is applied
+  after the K loop, by the caller. `zeros`: the groups carry -zero * scale addends.
+  """
+
+  m: int
+  n: int
+  k: int
+  bits: int
+  group_size: int
+  dtype: str = "bfloat16"
+  zeros: bool = False
+
+  @property
+  def per_channel(self) -> bool:
+    return self.group_size == self.k
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightOnlyConfig:
+  """Tiles of the weight-only kernel.
+
+  tile_m: tokens per work item (WGMMA's N): 16, 32, 64, 128 or 256.
+  tile_k: K per ring step (64, 128 or 256), dividing `group_size` unless per channel.
+  stages: ring depth.
+  split_k: K slices computed by different CTAs (partial sums added by XLA).
+  dequant: "registers" (the converted weights are WGMMA's register operand) or
+    "smem" (they are written back to a double-buffered shared-memory tile that
+    WGMMA reads; what the GPU interpreter runs, since it has no register operand).
+
+  >>> WeightOnlyConfig(tile_m=16, tile_k=128, stages=8, split_k=4).validate(
+  ...     WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128))
+  """
+
+  tile_m: int = 16
+  tile_k: int = 128
+  stages: int = 8
+  split_k: int = 1
+  dequant: str = "registers"
+
+  def validate(self, problem: WeightOnlyProblem) -> None:
+    """Raises ValueError naming the field and the rule it breaks."""
+    if self.tile_m not in (16, 32, 64, 128, 256):
+      raise ValueError(f"WeightOnlyConfig.tile_m={self.tile_m}: use 16, 32, 64, 128 or 256")
+    if self.tile_k not in (64, 128, 256):
+      raise ValueError(f"WeightOnlyConfig.tile_k={self.tile_k}: use 64, 128 or 256")
+    if not problem.per_channel and problem.group_size % self.tile_k:
+      raise ValueError(
+          f"WeightOnlyConfig.tile_k={self.tile_k} must divide group_size={problem.group_size} "
+          "(one scale row per ring step)"
+      )
+    if self.dequant not in DEQUANT:
+      raise ValueError(f"WeightOnlyConfig.dequant={self.dequant!r}: use one of {DEQUANT}")
+    if not isinstance(self.stages, int) or self.stages < 2:
+      raise ValueError(f"WeightOnlyConfig.stages={self.stages!r}: an int >= 2")
+    if not isinstance(self.split_k, int) or not 1 <= self.split_k <= tiles(problem.k, self.tile_k):
+      raise ValueError(
+          f"WeightOnlyConfig.split_k={self.split_k!r}: an int from 1 to the K steps "
+          f"({tiles(problem.k, self.tile_k)})"
+      )
+    if self.tile_m * self.tile_k > 256 * 128:
+      raise ValueError(
+          f"WeightOnlyConfig: tile_m * tile_k = {self.tile_m * self.tile_k} > {256 * 128}: "
+          "the register budget of the converted weights and the accumulator"
+      )
+    need = self.smem_bytes(problem)
+    if need > SMEM_BYTES:
+      raise ValueError(
+          f"WeightOnlyConfig.stages={self.stages}: {need} bytes of shared memory > {SMEM_BYTES}"
+      )
+
+  def smem_bytes(self, problem: WeightOnlyProblem) -> int:
+    x_bytes = jnp.dtype(problem.dtype).itemsize
+    stage = TILE_N * self.tile_k * problem.bits // 8 + self.tile_m * self.tile_k * x_bytes
+    if not problem.per_channel:
+      stage += TILE_N * x_bytes * (2 if problem.zeros else 1)
+    out = pipeline.CONSUMERS * ROWS_PER_WG * self.tile_m * 4
+    if self.dequant == "smem":
+      out += pipeline.CONSUMERS * 2 * ROWS_PER_WG * self.tile_k * x_bytes
+    return self.stages * stage + out + 1024  # barriers and alignment
+
+
+def _swizzle(row_bytes: int) -> int:
+  """The widest swizzle whose span a row of `row_bytes` fills (16: none)."""
+  for width in (128, 64, 32):
+    if row_bytes % width == 0:
+      return width
+  return 16
+
+
+def _transforms(dtype, bits: int, cols: int) -> tuple:
+  swizzle = _swizzle(cols * bits // 8)
+  if swizzle == 16:
+    return ()
+  return (
+      plgpu.TilingTransform((8, swizzle * 8 // bits)),
+      plgpu.SwizzleTransform(swizzle),
+  )
+
+
+def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers):
+  tm, tk = cfg.tile_m, cfg.tile_k
+  n_tiles, m_tiles = tiles(p.n, TILE_N), tiles(p.m, tm)
+  k_steps = tiles(p.k, tk)
+  steps_per_split = tiles(k_steps, cfg.split_k)
+  items = cfg.split_k * m_tiles * n_tiles
+  dtype = jnp.dtype(p.dtype)
+  upcast = plgpu.Layout.WGMMA_UPCAST_4X if p.bits == 4 else plgpu.Layout.WGMMA_UPCAST_2X
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
+  grouped = not p.per_channel
+
+  def position(item):
+    """(split, token tile, weight tile) of a work item: weight tiles vary fastest, so
+    concurrent CTAs share the token tile and each weight tile is read once per token tile."""
+    ni = lax.rem(item, n_tiles)
+    rest = lax.div(item, n_tiles)
+    return lax.div(rest, m_tiles), lax.rem(rest, m_tiles), ni
+
+  def scoped(ring_refs, out_smem, w_smem=None):
+    ring = pipeline.Ring.of(ring_refs)
+    wg = lax.axis_index("wg")
+
+    def producer():
+      def load(item, _, step0):
+        split, mi, ni = position(item)
+
+        @pl.loop(0, steps_per_split)
+        def _(k):
+          kk = split * steps_per_split + k  # past K: TMA zero-fills (the last split)
+          cols = pl.ds(kk * tk, tk)
+          views = [
+              w_gmem.at[pl.ds(ni * TILE_N, TILE_N), cols],
+              x_gmem.at[pl.ds(mi * tm, tm), cols],
+          ]
+          if grouped:
+            group = pl.ds(lax.div(kk * tk, p.group_size), 1)
+            views.append(scale_gmem.at[group, pl.ds(ni * TILE_N, TILE_N)])
+            if p.zeros:
+              views.append(zero_gmem.at[group, pl.ds(ni * TILE_N, TILE_N)])
+          ring.fill(step0 + k, views)
+
+        return steps_per_split
+
+      ring.drain(pipeline.persistent_loop(items, load, steps_of=steps_per_split, workers=workers))
+
+    def operands(k, w_tile, x_tile, *group_tiles):
+      """The convert stage: this warpgroup's weight rows, dequantized into registers
+      (or, with `dequant="smem"`, into shared-memory buffer k % 2: the WGMMA of step
+      k - 2, which read it last, has completed, as `Ring.mma` keeps one in flight)."""
+      rows = pl.ds(wg * ROWS_PER_WG, ROWS_PER_WG)
+      w = plgpu.load(w_tile.at[rows], (), layout=upcast, optimized=False)
+      w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
+      if grouped:
+        scale = plgpu.load(group_tiles[0].at[0, rows], (), layout=row_layout, optimized=False)
+        w = w * lax.broadcast_in_dim(scale, w.shape, (0,))
+        if p.zeros:
+          zero = plgpu.load(group_tiles[1].at[0, rows], (), layout=row_layout, optimized=False)
+          w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
+      if w_smem is not None:
+        buffer = w_smem.at[wg, lax.rem(k, 2)]
+        buffer[...] = w
+        plgpu.commit_smem()
+        w = buffer
+      return w, _compat.transpose_2d(x_tile)
+
+    def consumer():
+      def compute(item, _, step0):
+        split, mi, ni = position(item)
+
+        @functools.partial(pl.run_scoped, acc=plgpu.ACC((ROWS_PER_WG, tm), jnp.float32))
+        def _(acc):
+          ring.mma(acc, step0, 0, steps_per_split, operands)
+          result = acc[...]
+          slot = out_smem.at[wg]
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
+          slot[...] = result
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(
+              slot,
+              out_gmem.at[
+                  split, pl.ds(ni * TILE_N + wg * ROWS_PER_WG, ROWS_PER_WG), pl.ds(mi * tm, tm)
+              ],
+          )
+
+        return steps_per_split
+
+      pipeline.persistent_loop(items, compute, steps_of=steps_per_split, workers=workers)
+      plgpu.wait_smem_to_gmem(0)
+
+    pipeline.warp_specialized(producer, consumer)
+
+  buffers = [
+      ((TILE_N, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(None, p.bits, tk)),
+      ((tm, tk), dtype, _transforms(None, 8 * dtype.itemsize, tk)),
+  ]
+  if grouped:
+    buffers += [((1, TILE_N), dtype, ())] * (2 if p.zeros else 1)
+  pl.run_scoped(
+      scoped,
+      ring_refs=pipeline.ring_scratch(cfg.stages, buffers),
+      out_smem=plgpu.SMEM(
+          (pipeline.CONSUMERS, ROWS_PER_WG, tm), jnp.float32, transforms=_transforms(None, 32, tm)
+      ),
+      **(
+          dict(
+              w_smem=plgpu.SMEM(
+                  (pipeline.CONSUMERS, 2, ROWS_PER_WG, tk),
+                  dtype,
+                  transforms=_transforms(None, 8 * dtype.itemsize, tk),
+              )
+          )
+          if cfg.dequant == "smem"
+          else {}
+      ),
+      collective_axes="wg",
+  )
+
+
+def weight_only_gemm(
+    x,
+    w,
+    scales,
+    zeros,
+    *,
+    problem: WeightOnlyProblem,
+    config: WeightOnlyConfig,
+    interpret=None,
+    num_sms=None,
+):
+  """f32 partial sums (split_k, N, M_pad) of W^T x^T, M_pad = M rounded up to tile_m.
+
+  x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8; scales and zeros (the
+  -zero * scale addends): (K // group_size, N) of `problem.dtype`, or None per
+  channel (then the caller scales the result).
+  """
+  config.validate(problem)
+  workers = num_sms or DEFAULT_NUM_SMS
+  m_pad = tiles(problem.m, config.tile_m) * config.tile_m
+  items = config.split_k * tiles(problem.m, config.tile_m) * tiles(problem.n, TILE_N)
+  workers = min(workers, items)
+  kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
+  out_type = jax.ShapeDtypeStruct((config.split_k, problem.n, m_pad), jnp.float32)
+  launch = pipeline.launch(
+      kernel,
+      out_type=out_type,
+      workers=workers,
+      interpret=interpret,
+  )
+  scale_arg = scales if scales is not None else jnp.zeros((1, 1), problem.dtype)
+  zero_arg = zeros if zeros is not None else jnp.zeros((1, 1), problem.dtype)
+  return launch(x, w, scale_arg, zero_arg)
