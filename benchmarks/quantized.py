@@ -1,0 +1,309 @@
+"""Quantized GEMMs against bf16 and XLA's own paths: weight-only int4/int8 and W8A8 int8.
+
+    python -m benchmarks.quantized                   # GPU: decode and prefill shapes
+    python -m benchmarks.quantized --cpu-smoke       # no GPU: tiny shapes, interpret/XLA, wall clock
+    python -m benchmarks.quantized --part w8a8       # one part: weight_only or w8a8
+
+Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
+  bf16_dot       jnp.dot(x, w) on the bf16 weight
+  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 128)
+  int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
+  int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
+  int8_ours      int8, per-channel scales, the default route
+W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
+  bf16_dot       jnp.dot on bf16 operands
+  int8_ours      the dense kernel, s8 x s8 -> s32, scales in the epilogue
+  int8_xla       XLA's integer dot (s8 x s8 -> s32) and the same scaling in XLA
+Checks first: every contender against float64 of the dequantized operands (relative error).
+Timing: CUPTI, contenders interleaved in rounds; each call cycles over copies of the
+weights that total at least 4 L2s, so the weights come from HBM as in a model.
+"HBM %" is the weight bytes (+ x and out) over the time, against the board's HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.matmul import cupti_times_ms, environment
+from pallas_gemm import _compat
+from pallas_gemm import int8 as int8_lib
+from pallas_gemm import weight_only as wo
+
+WEIGHTS = ((4096, 14336), (14336, 4096), (8192, 28672), (4096, 128256))
+"""(K, N) weights of Llama-3 8B/70B projections and a 128k-vocabulary head."""
+TOKENS = (1, 16, 64, 256, 2048)
+W8A8_SHAPES = ((8192, 8192, 8192), (8192, 6144, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
+"""MxNxK: 8192^3 and Llama-3-8B's qkv, gate/up and down projections at 8k tokens."""
+SMOKE = dict(weights=((256, 384),), tokens=(3, 20), w8a8=((72, 136, 256),))
+L2_BYTES = 50 * 2**20
+TARGETS = {
+    ("int4_ours", "decode"): 3.0,
+    ("int4_ours", "m64"): 2.2,
+    ("int4_ours", "prefill"): 0.9,
+    ("int8_ours", "decode"): 1.8,
+    ("w8a8", "bf16"): 1.5,
+    ("w8a8", "xla"): 1.05,
+}
+
+
+def _copies(nbytes: int) -> int:
+  """Weight copies a timed call cycles through: at least 4 L2s in all."""
+  return max(1, math.ceil(4 * L2_BYTES / nbytes))
+
+
+def weight_only_contenders(implementation):
+  kernel = "interpret" if implementation == "interpret" else None
+
+  def smem_variant(x, qw):
+    problem = wo.kernel_lib.WeightOnlyProblem(
+        m=x.shape[0], n=qw.shape[1], k=qw.shape[0], bits=4, group_size=qw.group_size
+    )
+    config = wo.default_config(problem, _compat.device_sm_count() or 132, dequant="smem")
+    return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
+
+  return {
+      "bf16_dot": lambda x, w: jnp.dot(x, w),
+      "int4_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+      "int4_smem": smem_variant if kernel is None else None,
+      "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
+      "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+  }
+
+
+def _rel_err(y, ref) -> float:
+  y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
+  return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def _timed(fn, sets, rounds_samples, name, iterations, timer):
+  """Median ms of one call of fn over its input sets (cycled inside one jitted call)."""
+
+  @jax.jit
+  def cycle(*flat):
+    return [fn(*args) for args in flat]
+
+  times = timer(cycle, sets, iterations)
+  rounds_samples.setdefault(name, []).extend(t / len(sets) for t in times)
+
+
+def run_weight_only(weights, tokens, *, implementation, rounds, iterations, timer, log=print):
+  rows = []
+  contenders = {k: v for k, v in weight_only_contenders(implementation).items() if v is not None}
+  rng = np.random.default_rng(0)
+  for k, n in weights:
+    w = jnp.asarray(rng.standard_normal((k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
+    q4 = wo.quantize_weights(w, bits=4, group_size=128)
+    q8 = wo.quantize_weights(w, bits=8, group_size=-1)
+    operands = {"bf16_dot": w, "int4_ours": q4, "int4_smem": q4, "int4_xla": q4, "int8_ours": q8}
+    weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
+    deq = {
+        name: np.asarray(wo.dequantize_weights(q), np.float64)
+        for name, q in (("int4", q4), ("int8", q8))
+    }
+    for m in tokens:
+      x = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
+      x64 = np.asarray(x.astype(jnp.float32), np.float64)
+      case = f"{m}x{n}x{k}"
+      samples = {}
+      sets = {}
+      for name, fn in contenders.items():
+        operand = operands[name]
+        ref = x64 @ (
+            np.asarray(w.astype(jnp.float32), np.float64) if name == "bf16_dot" else deq[name[:4]]
+        )
+        err = _rel_err(jax.jit(fn)(x, operand), ref)
+        log(f"weight-only {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
+        if err > 1e-2:
+          raise SystemExit(f"{case} {name}: relative error {err:.1e}")
+        nbytes = weight_bytes.get(name, k * n // 2)
+        copies = _copies(nbytes) if timer is cupti_times_ms else 1
+        fresh = lambda: jax.tree.map(lambda a: jnp.array(a, copy=True), operand)
+        sets[name] = [(x, operand)] + [(x, fresh()) for _ in range(copies - 1)]
+      for _ in range(rounds):
+        for name, fn in contenders.items():
+          _timed(fn, sets[name], samples, name, iterations, timer)
+      for name, times in samples.items():
+        med = statistics.median(times)
+        moved = weight_bytes.get(name, k * n // 2) + 2 * m * (k + n)
+        rows.append(
+            dict(
+                part="weight_only",
+                case=case,
+                m=m,
+                n=n,
+                k=k,
+                contender=name,
+                median_ms=med,
+                gbps=moved / (med * 1e-3) / 1e9,
+            )
+        )
+        log(f"weight-only {case:20s} {name:10s} {med * 1e3:9.1f} us {rows[-1]['gbps']:8.0f} GB/s")
+  return rows
+
+
+def run_w8a8(shapes, *, implementation, rounds, iterations, timer, log=print):
+  rows = []
+  rng = np.random.default_rng(1)
+  kernel = "interpret" if implementation == "interpret" else None
+  contenders = {
+      "bf16_dot": lambda x, w, xq, xs, wq, ws: jnp.dot(x, w),
+      "int8_ours": lambda x, w, xq, xs, wq, ws: int8_lib.int8_matmul(
+          xq, wq, xs, ws, implementation=kernel
+      ),
+      "int8_xla": lambda x, w, xq, xs, wq, ws: int8_lib.int8_matmul(
+          xq, wq, xs, ws, implementation="xla"
+      ),
+  }
+  for m, n, k in shapes:
+    x = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
+    xq, xs = int8_lib.quantize_per_token(x)
+    wq, ws = int8_lib.quantize_per_channel(w)
+    args = (x, w, xq, xs, wq, ws)
+    ref_q = (np.asarray(xq, np.float64) * np.asarray(xs, np.float64)[:, None]) @ (
+        np.asarray(wq, np.float64) * np.asarray(ws, np.float64)[:, None]
+    ).T
+    ref_bf16 = np.asarray(x.astype(jnp.float32), np.float64) @ np.asarray(
+        w.astype(jnp.float32), np.float64
+    )
+    case = f"{m}x{n}x{k}"
+    samples = {}
+    for name, fn in contenders.items():
+      err = _rel_err(jax.jit(fn)(*args), ref_bf16 if name == "bf16_dot" else ref_q)
+      log(f"w8a8 {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
+      if err > 1e-2:
+        raise SystemExit(f"{case} {name}: relative error {err:.1e}")
+    for _ in range(rounds):
+      for name, fn in contenders.items():
+        _timed(fn, [args], samples, name, iterations, timer)
+    for name, times in samples.items():
+      med = statistics.median(times)
+      rows.append(
+          dict(
+              part="w8a8",
+              case=case,
+              m=m,
+              n=n,
+              k=k,
+              contender=name,
+              median_ms=med,
+              tops=2 * m * n * k / (med * 1e-3) / 1e12,
+          )
+      )
+      log(f"w8a8 {case:20s} {name:10s} {med:9.3f} ms {rows[-1]['tops']:7.1f} TOP/s")
+  return rows
+
+
+def format_tables(rows, hbm_gbps) -> str:
+  lines = []
+  wo_rows = [r for r in rows if r["part"] == "weight_only"]
+  if wo_rows:
+    names = list(dict.fromkeys(r["contender"] for r in wo_rows))
+    lines += [
+        "| MxNxK | "
+        + " | ".join(f"{n} us" for n in names)
+        + " | bf16 / int4_ours | bf16 / int8_ours | int4_ours HBM % |",
+        "|---" * (4 + len(names)) + "|",
+    ]
+    by_case = {}
+    for r in wo_rows:
+      by_case.setdefault(r["case"], {})[r["contender"]] = r
+    for case, c in by_case.items():
+      cells = " | ".join(f"{c[n]['median_ms'] * 1e3:.1f}" if n in c else "-" for n in names)
+      s4 = c["bf16_dot"]["median_ms"] / c["int4_ours"]["median_ms"]
+      s8 = c["bf16_dot"]["median_ms"] / c["int8_ours"]["median_ms"]
+      roof = 100 * c["int4_ours"]["gbps"] / hbm_gbps if hbm_gbps else float("nan")
+      lines.append(f"| {case} | {cells} | {s4:.2f} | {s8:.2f} | {roof:.0f} |")
+  w8 = [r for r in rows if r["part"] == "w8a8"]
+  if w8:
+    lines += [
+        "",
+        "| MxNxK | bf16_dot ms | int8_ours ms (TOP/s) | int8_xla ms | bf16 / ours | xla / ours |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_case = {}
+    for r in w8:
+      by_case.setdefault(r["case"], {})[r["contender"]] = r
+    for case, c in by_case.items():
+      b, o, x = (c[n]["median_ms"] for n in ("bf16_dot", "int8_ours", "int8_xla"))
+      lines.append(
+          f"| {case} | {b:.3f} | {o:.3f} ({c['int8_ours']['tops']:.0f}) | {x:.3f} | {b / o:.2f} | {x / o:.2f} |"
+      )
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--part", choices=("all", "weight_only", "w8a8"), default="all")
+  parser.add_argument("--tokens", default=None, help=f"M list for weight-only (default {TOKENS})")
+  parser.add_argument("--weights", default=None, help="KxN list of weight-only weights")
+  parser.add_argument("--w8a8-shapes", default=None, help="MxNxK list for W8A8")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument(
+      "--cpu-smoke",
+      action="store_true",
+      help="no GPU: tiny shapes, interpret mode and XLA, wall clock",
+  )
+  parser.add_argument("--out", default=None, help="folder for quantized.json")
+  args = parser.parse_args(argv)
+  gpu = jax.default_backend() == "gpu"
+  if args.cpu_smoke or not gpu:
+    print("no GPU (or --cpu-smoke): tiny shapes, kernels in interpret mode, wall clock")
+    from benchmarks.train_step import wall_times_ms as timer
+
+    implementation, weights, tokens, w8a8 = (
+        "interpret",
+        SMOKE["weights"],
+        SMOKE["tokens"],
+        SMOKE["w8a8"],
+    )
+  else:
+    implementation, timer, weights, w8a8 = None, cupti_times_ms, WEIGHTS, W8A8_SHAPES
+    tokens = TOKENS
+  if args.weights:
+    weights = tuple(tuple(int(v) for v in s.split("x")) for s in args.weights.split(","))
+  if args.w8a8_shapes:
+    w8a8 = tuple(tuple(int(v) for v in s.split("x")) for s in args.w8a8_shapes.split(","))
+  if args.tokens:
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+  env = environment()
+  print(json.dumps(env))
+  rows = []
+  if args.part in ("all", "weight_only"):
+    rows += run_weight_only(
+        weights,
+        tokens,
+        implementation=implementation,
+        rounds=args.rounds,
+        iterations=args.iterations,
+        timer=timer,
+    )
+  if args.part in ("all", "w8a8"):
+    rows += run_w8a8(
+        w8a8,
+        implementation=implementation,
+        rounds=args.rounds,
+        iterations=args.iterations,
+        timer=timer,
+    )
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "quantized.json"), "w") as f:
+      json.dump(dict(environment=env, rows=rows), f, indent=1)
+  hbm = _compat.hbm_scale() * 3.35e3 if gpu else None
+  print(format_tables(rows, hbm))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
