@@ -180,14 +180,15 @@ def require_hopper(what: str) -> None:
 SUPPORTS_MIXED_FP8 = JAX_VERSION >= (0, 11, 0)
 
 
-def load_registers(ref, layout):
-  """`ref` (SMEM or GMEM) read into registers in `layout`, element by element.
+def load_registers(ref, layout, *, optimized: bool = False):
+  """`ref` (SMEM or GMEM) read into registers in `layout`: element by element, or
+  with `optimized` in the layout's vector loads (SMEM tiles Mosaic can address so).
 
   0.11 deprecated the separate (empty) index argument that 0.10.2 requires.
   """
   if JAX_VERSION >= (0, 11, 0):
-    return plgpu.load(ref, layout=layout, optimized=False)
-  return plgpu.load(ref, (), layout=layout, optimized=False)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+  return plgpu.load(ref, (), layout=layout, optimized=optimized)
 
 
 def saved_residuals(f, *args) -> list:

@@ -129,7 +129,7 @@ class Ring:
     def _(step):
       plgpu.barrier_wait(self.consumed.at[self.slot(step)])
 
-  def mma(self, acc, step0, k_begin, k_end, operands: Callable) -> None:
+  def mma(self, acc, step0, k_begin, k_end, operands: Callable, *, overlap: bool = True) -> None:
     """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (ring steps from step0).
 
     `operands(k, *stage_views)` returns the (a, b) WGMMA views of a loaded
@@ -138,7 +138,14 @@ class Ring:
     stage is released once the next one's WGMMAs are issued and its own have
     completed, the last after the loop. Bounds may be Python ints or traced
     scalars (an empty range consumes nothing).
+
+    `overlap=False` waits for each step's WGMMAs before the next step: needed when
+    `a` is a register operand, whose registers the compiler may reuse for the next
+    step's values while an asynchronous WGMMA still reads them.
     """
+    if not overlap:
+      self._mma_serial(acc, step0, k_begin, k_end, operands)
+      return
     accs = acc if isinstance(acc, tuple) else (acc,)
 
     @pl.loop(k_begin, k_end)
@@ -164,6 +171,15 @@ class Ring:
         release_last()
     else:
       pl.when(k_end > k_begin)(release_last)
+
+  def _mma_serial(self, acc, step0, k_begin, k_end, operands: Callable) -> None:
+    @pl.loop(k_begin, k_end)
+    def _(k):
+      slot = self.slot(step0 + k - k_begin)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      plgpu.wgmma(acc, *operands(k, *(buffer.at[slot] for buffer in self.buffers)))
+      plgpu.wgmma_wait(0)
+      plgpu.barrier_arrive(self.consumed.at[slot])
 
   def mma_promoted(
       self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable, depth: int = 2

@@ -42,7 +42,7 @@ from pallas_gemm.config import tiles
 from pallas_gemm.tma_padding import round_up, tma_rows
 
 IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
-KERNEL_MAX_M = 128
+KERNEL_MAX_M = 64
 """Auto routing: above this many tokens XLA's GEMM on dequantized weights is used
 (the tensor cores, not the weight bytes, set the time there)."""
 INTERPRET_NUM_SMS = 2
@@ -110,8 +110,14 @@ def quantize_weights(
 
 def dequantize_weights(qw: QuantizedWeight, dtype=jnp.float32):
   """The (K, N) weight `qw` stands for, computed in f32, returned as `dtype`."""
-  q = qw.values.astype(jnp.float32).T  # (K, N)
-  repeat = lambda v: jnp.repeat(v.astype(jnp.float32), qw.group_size, axis=0)
+  return dequantize_transposed(qw, dtype).T
+
+
+def dequantize_transposed(qw: QuantizedWeight, dtype=jnp.float32):
+  """The (N, K) transpose of the weight `qw` stands for: one XLA fusion in the layout
+  `qw.values` is stored in (a transposed dequantization costs XLA 2.7x more)."""
+  q = qw.values.astype(jnp.float32)  # (N, K)
+  repeat = lambda v: jnp.repeat(v.astype(jnp.float32).T, qw.group_size, axis=1)
   if qw.zeros is not None:
     q = q - repeat(qw.zeros)
   return (q * repeat(qw.scales)).astype(dtype)
@@ -191,7 +197,7 @@ def default_config(
   >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.split_k)
   (16, 128, 4)
   """
-  tile_m = next((t for t in (16, 32, 64, 128) if t >= problem.m), 256)
+  tile_m = next((t for t in (16, 32, 64) if t >= problem.m), 128)
   tile_k = next(
       t
       for t in (256, 128, 64)
@@ -302,7 +308,12 @@ def quantized_matmul(
         f"implementation={implementation!r}: the weight-only kernel cannot run: {why_not}"
     )
   if implementation == "xla":
-    acc = jnp.matmul(x2, dequantize_weights(qw, x.dtype), preferred_element_type=jnp.float32)
+    acc = jax.lax.dot_general(  # x @ w^T^T: cuBLAS reads the (N, K) weight as it is
+        x2,
+        dequantize_transposed(qw, x.dtype),
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+    )
   else:
     acc = _kernel_product(x2, qw, problem, config, interpret=implementation == "interpret")
   y = epilogue_lib.apply(
@@ -336,8 +347,8 @@ def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool)
   group_scales = group_zeros = None
   if not problem.per_channel:
     group_scales = qw.scales.astype(x.dtype)
-    if qw.zeros is not None:  # the kernel adds -zero * scale after scaling q
-      group_zeros = (-qw.zeros.astype(jnp.float32) * qw.scales.astype(jnp.float32)).astype(x.dtype)
+    if qw.zeros is not None:  # the kernel adds -zero to q, then scales
+      group_zeros = (-qw.zeros).astype(x.dtype)
     if interpret:
       pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[0] - n)))
       group_scales = pad(group_scales)

@@ -8,10 +8,14 @@ bytes of bf16) and dequantizes it in registers, between the TMA ring and WGMMA:
     consumer warpgroup loads a (64, tile_k) slice of it from shared memory
     straight into registers (`WGMMA_UPCAST_4X` / `_2X` layouts, made for this),
     converts it to the activation dtype (Mosaic's int4 -> bf16 conversion is
-    CUTLASS's lop3/prmt sequence), multiplies by the group's scales (and adds
-    -zero * scale) and hands it to WGMMA as the register A operand. The tokens
-    are WGMMA's N (a multiple of 8, from 16), read from shared memory as the
-    K-major B operand: decode pays for 16 rows of tensor-core work, not 64.
+    CUTLASS's lop3/prmt sequence), subtracts the group's zero points, and hands
+    it to WGMMA as the register A operand. The group scales multiply each step's
+    (64 x tile_m) product instead of the (64 x tile_k) weights, promoted into a
+    register sum as blockwise fp8 does (`Ring.mma_promoted`): for decode that is
+    8x fewer multiplies. The tokens are WGMMA's N (a multiple of 8, from 16),
+    read from shared memory as the K-major B operand: decode pays for 16 rows of
+    tensor-core work, not 64. A register operand must stay untouched until its
+    WGMMA completes, so each step's WGMMA is waited for before the next convert.
   - One ring step is one K block of `tile_k` weights, within one scale group
     (`tile_k` divides `group_size`), so a step needs one scale row.
   - The persistent CTAs share (split, token tile, 128 weight rows) work items;
@@ -55,7 +59,7 @@ class WeightOnlyProblem:
   """out (M, N) = x (M, K) @ dequant(w (N, K) of `bits`, scales per `group_size` of K).
 
   `per_channel` (group_size == K): the scale is constant along K and is applied
-  after the K loop, by the caller. `zeros`: the groups carry -zero * scale addends.
+  after the K loop, by the caller. `zeros`: the groups carry -zero addends (of q).
   """
 
   m: int
@@ -199,43 +203,63 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
       ring.drain(pipeline.persistent_loop(items, load, steps_of=steps_per_split, workers=workers))
 
     def operands(k, w_tile, x_tile, *group_tiles):
-      """The convert stage: this warpgroup's weight rows, dequantized into registers
-      (or, with `dequant="smem"`, into shared-memory buffer k % 2: the WGMMA of step
-      k - 2, which read it last, has completed, as `Ring.mma` keeps one in flight)."""
+      """The convert stage: this warpgroup's weight rows as q - zero in registers (the
+      group scale multiplies the step's product, `promote`), or, with `dequant="smem"`,
+      (q - zero) * scale written to shared-memory buffer k % 2 (the WGMMA of step k - 2,
+      which read it last, has completed: `Ring.mma` keeps one in flight)."""
       rows = pl.ds(wg * ROWS_PER_WG, ROWS_PER_WG)
-      w = plgpu.load(w_tile.at[rows], (), layout=upcast, optimized=False)
+      w = _compat.load_registers(w_tile.at[rows], upcast, optimized=True)
       w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
+      if p.zeros and grouped:
+        zero = _compat.load_registers(group_tiles[1].at[0, rows], row_layout)
+        w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
+      if w_smem is None:
+        return w, _compat.transpose_2d(x_tile)
       if grouped:
-        scale = plgpu.load(group_tiles[0].at[0, rows], (), layout=row_layout, optimized=False)
+        scale = _compat.load_registers(group_tiles[0].at[0, rows], row_layout)
         w = w * lax.broadcast_in_dim(scale, w.shape, (0,))
-        if p.zeros:
-          zero = plgpu.load(group_tiles[1].at[0, rows], (), layout=row_layout, optimized=False)
-          w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
-      if w_smem is not None:
-        buffer = w_smem.at[wg, lax.rem(k, 2)]
-        buffer[...] = w
-        plgpu.commit_smem()
-        w = buffer
-      return w, _compat.transpose_2d(x_tile)
+      buffer = w_smem.at[wg, lax.rem(k, 2)]
+      buffer[...] = w
+      plgpu.commit_smem()
+      return buffer, _compat.transpose_2d(x_tile)
+
+    def promote(_, w_tile, x_tile, scale_tile, *rest):
+      """The multiplier of one step's product: the group scales of this warpgroup's rows."""
+      rows = pl.ds(wg * ROWS_PER_WG, ROWS_PER_WG)
+      scale = _compat.load_registers(scale_tile.at[0, rows], row_layout)
+      return lax.broadcast_in_dim(scale.astype(jnp.float32), (ROWS_PER_WG, tm), (0,))
+
+    def store(result, split, mi, ni):
+      slot = out_smem.at[wg]
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
+      slot[...] = result
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(
+          slot,
+          out_gmem.at[
+              split, pl.ds(ni * TILE_N + wg * ROWS_PER_WG, ROWS_PER_WG), pl.ds(mi * tm, tm)
+          ],
+      )
 
     def consumer():
       def compute(item, _, step0):
         split, mi, ni = position(item)
+        if w_smem is None and grouped:  # register operands, scales on each step's product
+          store(
+              ring.mma_promoted(
+                  (ROWS_PER_WG, tm), step0, 0, steps_per_split, operands, promote, depth=1
+              ),
+              split,
+              mi,
+              ni,
+          )
+          return steps_per_split
 
         @functools.partial(pl.run_scoped, acc=plgpu.ACC((ROWS_PER_WG, tm), jnp.float32))
         def _(acc):
-          ring.mma(acc, step0, 0, steps_per_split, operands)
-          result = acc[...]
-          slot = out_smem.at[wg]
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
-          slot[...] = result
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(
-              slot,
-              out_gmem.at[
-                  split, pl.ds(ni * TILE_N + wg * ROWS_PER_WG, ROWS_PER_WG), pl.ds(mi * tm, tm)
-              ],
-          )
+          # A register operand must stay untouched until its WGMMA is done: no overlap.
+          ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
+          store(acc[...], split, mi, ni)
 
         return steps_per_split
 
@@ -285,7 +309,7 @@ def weight_only_gemm(
   """f32 partial sums (split_k, N, M_pad) of W^T x^T, M_pad = M rounded up to tile_m.
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8; scales and zeros (the
-  -zero * scale addends): (K // group_size, N) of `problem.dtype`, or None per
+  -zero addends of q): (K // group_size, N) of `problem.dtype`, or None per
   channel (then the caller scales the result).
   """
   config.validate(problem)
