@@ -1,0 +1,308 @@
+"""Quantized GEMMs: weight-only int4/int8 (`quantized_matmul`) and W8A8 (`int8_matmul`).
+
+Tiers: the kernels lower for CUDA on the CPU (jax.export); their arithmetic runs in
+GPU interpret mode (the weight-only kernel's shared-memory convert variant: the
+interpreter has no register WGMMA operand) against float64 of the dequantized
+operands, at shapes that are not multiples of the tiles; the register variant and
+everything else run on the device (`gpu` marker). Bad input gets named errors.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import int8 as int8_lib
+from pallas_gemm import weight_only as wo
+from pallas_gemm import weight_only_gemm as kernel_lib
+
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
+
+BOUND = 4e-3
+"""Relative error against float64: bf16 output rounding (2^-9) and a bf16 dequantized weight."""
+
+
+def _rel_err(y, ref):
+  y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
+  assert y.shape == ref.shape
+  assert np.isfinite(y).all(), "non-finite output"
+  return np.linalg.norm(y - ref) / np.linalg.norm(ref)
+
+
+def _weight_only_case(seed, m, n, k, bits, group_size, symmetric, lead=()):
+  rng = np.random.default_rng(seed)
+  w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((*lead, m, k)), jnp.bfloat16)
+  bias = jnp.asarray(rng.standard_normal(n), jnp.float32)
+  qw = wo.quantize_weights(w, bits, group_size, symmetric=symmetric)
+  ref = np.asarray(x.astype(jnp.float32), np.float64) @ np.asarray(
+      wo.dequantize_weights(qw), np.float64
+  )
+  ref = ref + np.asarray(bias, np.float64)
+  return x, qw, bias, ref / (1 + np.exp(-ref))  # silu
+
+
+# -- lowering for CUDA (export) ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "bits,group_size,zeros,dequant",
+    [
+        (4, 128, False, "registers"),
+        (4, 128, True, "smem"),
+        (8, 4096, True, "registers"),
+        (8, 256, False, "smem"),
+    ],
+)
+def test_weight_only_kernel_lowers_for_cuda(bits, group_size, zeros, dequant):
+  m, n, k = 16, 1024, 4096
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=bits, group_size=group_size, zeros=zeros
+  )
+  config = wo.default_config(problem, 132, dequant=dequant)
+  grouped = not problem.per_channel
+  args = (
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((n, k), jnp.int4 if bits == 4 else jnp.int8),
+      jax.ShapeDtypeStruct((k // group_size, n), jnp.bfloat16) if grouped else None,
+      jax.ShapeDtypeStruct((k // group_size, n), jnp.bfloat16) if grouped and zeros else None,
+  )
+  f = lambda x, w, s, z: kernel_lib.weight_only_gemm(x, w, s, z, problem=problem, config=config)
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+  assert "mosaic_gpu" in text
+
+
+def test_int8_kernel_lowers_for_cuda():
+  args = (
+      jax.ShapeDtypeStruct((1000, 1024), jnp.int8),
+      jax.ShapeDtypeStruct((1016, 1024), jnp.int8),
+      jax.ShapeDtypeStruct((1000,), jnp.float32),
+      jax.ShapeDtypeStruct((1016,), jnp.float32),
+  )
+  f = lambda a, b, sa, sb: int8_lib.int8_matmul(a, b, sa, sb, implementation="pallas")
+  assert "mosaic_gpu" in jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+
+
+# -- arithmetic in GPU interpret mode ----------------------------------------------------
+@needs_transposes
+@pytest.mark.parametrize(
+    "m,n,k,bits,group_size,symmetric,lead",
+    [
+        (5, 200, 512, 4, 128, True, ()),  # N not a multiple of 128 weight rows
+        (3, 136, 256, 8, -1, False, (2,)),  # per channel with zero points, batched x
+        (17, 128, 512, 4, 256, False, ()),  # two token tiles' worth of rows, zeros
+    ],
+)
+def test_weight_only_interpret_matches_float64(m, n, k, bits, group_size, symmetric, lead):
+  x, qw, bias, ref = _weight_only_case(0, m, n, k, bits, group_size, symmetric, lead)
+  y = wo.quantized_matmul(x, qw, bias=bias, activation="silu", implementation="interpret")
+  assert y.dtype == jnp.bfloat16
+  assert _rel_err(y, ref) < BOUND
+
+
+@needs_transposes
+def test_int8_interpret_matches_float64():
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((3, 67, 256)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((256, 136)) * 0.05, jnp.float32)
+  xq, xs = int8_lib.quantize_per_token(x)
+  wq, ws = int8_lib.quantize_per_channel(w)
+  bias = jnp.asarray(rng.standard_normal(136), jnp.float32)
+  deq_x = np.asarray(xq, np.float64) * np.asarray(xs, np.float64)[..., None]
+  deq_w = np.asarray(wq, np.float64) * np.asarray(ws, np.float64)[:, None]
+  ref = np.maximum(deq_x @ deq_w.T + np.asarray(bias, np.float64), 0)
+  for implementation in ("interpret", "xla"):
+    y = int8_lib.int8_matmul(
+        xq, wq, xs, ws, bias=bias, activation="relu", implementation=implementation
+    )
+    assert y.shape == (3, 67, 136) and y.dtype == jnp.bfloat16
+    assert _rel_err(y, ref) < BOUND
+
+
+# -- the XLA route and the quantizers ----------------------------------------------------
+@pytest.mark.parametrize(
+    "bits,group_size,symmetric", [(4, 64, True), (4, -1, False), (8, 32, False)]
+)
+def test_xla_route_matches_float64(bits, group_size, symmetric):
+  x, qw, bias, ref = _weight_only_case(2, 9, 40, 128, bits, group_size, symmetric)
+  y = wo.quantized_matmul(x, qw, bias=bias, activation="silu", implementation="xla")
+  assert _rel_err(y, ref) < BOUND
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantization_error_is_at_most_half_a_step(bits, symmetric):
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.standard_normal((256, 24)), jnp.float32)
+  qw = wo.quantize_weights(w, bits, 64, symmetric=symmetric, dtype=jnp.float32)
+  lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+  q = np.asarray(qw.values.astype(jnp.int32))
+  assert lo <= q.min() and q.max() <= hi
+  step = np.repeat(np.asarray(qw.scales), 64, axis=0)
+  err = np.abs(np.asarray(wo.dequantize_weights(qw)) - np.asarray(w))
+  assert (err <= 0.5 * step * (1 + 1e-5)).all()
+
+
+def test_packed_uint8_weights_equal_int4():
+  rng = np.random.default_rng(4)
+  q = rng.integers(-8, 8, (40, 128))
+  nibbles = (q & 0xF).astype(np.uint8)
+  packed = jnp.asarray(nibbles[:, 0::2] | (nibbles[:, 1::2] << 4))
+  np.testing.assert_array_equal(np.asarray(wo.unpack_int4(packed).astype(jnp.int8)), q)
+  x = jnp.asarray(rng.standard_normal((3, 128)), jnp.bfloat16)
+  scales = jnp.asarray(rng.uniform(0.5, 1.5, (2, 40)), jnp.bfloat16)
+  a = wo.quantized_matmul(x, packed, scales, bits=4, implementation="xla")
+  b = wo.quantized_matmul(x, jnp.asarray(q, jnp.int4), scales, implementation="xla")
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_int8_quantizers_are_symmetric_and_round_trip():
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.standard_normal((7, 33)), jnp.float32)
+  q, s = int8_lib.quantize_per_token(x)
+  assert q.dtype == jnp.int8 and s.shape == (7,)
+  assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127
+  np.testing.assert_allclose(q * s[:, None], x, atol=float(s.max()) / 2 + 1e-7)
+  wq, ws = int8_lib.quantize_per_channel(x.T)  # (K, N) = (33, 7): q is (N, K)
+  assert wq.shape == (7, 33) and ws.shape == (7,)
+  zq, zs = int8_lib.quantize_int8(jnp.zeros((2, 4)))
+  assert not zq.any() and (zs == 1).all()
+
+
+def test_default_config_fills_the_sms_and_fits():
+  for m, n, k in [(1, 4096, 14336), (16, 14336, 4096), (64, 28672, 8192), (100, 384, 1024)]:
+    problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
+    config = wo.default_config(problem, 132)
+    config.validate(problem)
+    items = -(-m // config.tile_m) * -(-n // kernel_lib.TILE_N) * config.split_k
+    most = -(-m // config.tile_m) * -(-n // kernel_lib.TILE_N) * (k // config.tile_k)
+    assert items >= 0.9 * min(132, most)  # a wave nearly full, or every K step its own item
+  problem = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
+  assert wo.default_config(problem, 132).split_k == 4
+
+
+def test_quantized_weight_is_a_pytree():
+  qw = wo.quantize_weights(jnp.ones((128, 8)), 4, 64)
+  leaves, tree = jax.tree.flatten(qw)
+  assert len(leaves) == 2  # values and scales; zeros is None, group_size static
+  again = jax.tree.unflatten(tree, leaves)
+  assert again.group_size == 64 and again.bits == 4 and again.shape == (128, 8)
+  y = jax.jit(lambda x, q: wo.quantized_matmul(x, q, implementation="xla"))(
+      jnp.ones((2, 128), jnp.bfloat16), qw
+  )
+  assert y.shape == (2, 8)
+
+
+# -- bad input ---------------------------------------------------------------------------
+def _bad(**overrides):
+  args = dict(
+      x=jnp.ones((2, 256), jnp.bfloat16),
+      w_q=jnp.zeros((8, 256), jnp.int4),
+      scales=jnp.ones((2, 8), jnp.bfloat16),
+  )
+  kwargs = dict(implementation="xla")
+  for key, value in overrides.items():
+    (args if key in args else kwargs)[key] = value
+  return wo.quantized_matmul(args.pop("x"), args.pop("w_q"), args.pop("scales"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "overrides,error,match",
+    [
+        (dict(w_q=jnp.zeros((8, 128), jnp.uint8)), ValueError, "packed int4"),
+        (dict(w_q=jnp.zeros((8, 256), jnp.float32)), TypeError, "w_q must be int4"),
+        (dict(scales=jnp.ones((3, 8), jnp.bfloat16)), ValueError, "group count dividing K"),
+        (dict(scales=jnp.ones((2, 9), jnp.bfloat16)), ValueError, "scales must be"),
+        (dict(group_size=64), ValueError, "group_size=64 does not match"),
+        (dict(bits=8), ValueError, "bits=8 but w_q is int4"),
+        (dict(zeros=jnp.ones((1, 8))), ValueError, "zeros must have the shape"),
+        (dict(x=jnp.ones((2, 256), jnp.float32)), TypeError, "x must be one of"),
+        (dict(x=jnp.ones((2, 128), jnp.bfloat16)), ValueError, "x must be"),
+        (dict(bias=jnp.ones(7)), ValueError, "bias must have shape"),
+        (dict(implementation="fast"), ValueError, "implementation must be"),
+        (
+            dict(
+                implementation="interpret",
+                w_q=jnp.zeros((8, 192), jnp.int4),
+                x=jnp.ones((2, 192), jnp.bfloat16),
+            ),
+            ValueError,
+            "multiple of 256",
+        ),
+    ],
+)
+def test_bad_arguments_get_named_errors(overrides, error, match):
+  if "w_q" in overrides and overrides["w_q"].shape[1] == 192:
+    overrides["scales"] = jnp.ones((1, 8), jnp.bfloat16)
+  with pytest.raises(error, match=match):
+    _bad(**overrides)
+
+
+def test_quantize_weights_rejects_bad_groups_and_bits():
+  with pytest.raises(ValueError, match="group_size=100 must be a positive divisor of K=256"):
+    wo.quantize_weights(jnp.ones((256, 4)), 4, 100)
+  with pytest.raises(ValueError, match="bits must be one of"):
+    wo.quantize_weights(jnp.ones((256, 4)), 3, 128)
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (dict(tile_k=256), "must divide group_size=128"),
+        (dict(tile_m=24), "tile_m=24"),
+        (dict(dequant="tmem"), "dequant='tmem'"),
+        (dict(split_k=0), "split_k=0"),
+        (dict(stages=64), "bytes of shared memory"),
+    ],
+)
+def test_config_errors_name_the_field(fields, match):
+  problem = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=4096, bits=4, group_size=128)
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(kernel_lib.WeightOnlyConfig(), **fields).validate(problem)
+
+
+def test_int8_matmul_rejects_other_dtypes():
+  with pytest.raises(TypeError, match="a must be int8"):
+    int8_lib.int8_matmul(jnp.ones((4, 32)), jnp.ones((8, 32), jnp.int8), 1.0, 1.0)
+
+
+# -- on the device -----------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,n,k,bits,group_size,symmetric,dequant",
+    [
+        (1, 4096, 4096, 4, 128, True, "registers"),
+        (13, 1000, 2048, 4, 128, False, "registers"),
+        (64, 4096, 4096, 8, -1, True, "registers"),
+        (100, 384, 1024, 8, 256, False, "registers"),
+        (13, 1000, 2048, 4, 128, False, "smem"),
+    ],
+)
+def test_weight_only_on_the_gpu(m, n, k, bits, group_size, symmetric, dequant):
+  x, qw, bias, ref = _weight_only_case(6, m, n, k, bits, group_size, symmetric)
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m,
+      n=n,
+      k=k,
+      bits=bits,
+      group_size=k if group_size == -1 else group_size,
+      zeros=not symmetric,
+  )
+  config = wo.default_config(problem, 132, dequant=dequant)
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="pallas"
+  )
+  assert _rel_err(y, ref) < BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(200, 136, 384), (1000, 1016, 1024)])
+def test_int8_on_the_gpu(shape):
+  m, n, k = shape
+  rng = np.random.default_rng(7)
+  xq, xs = int8_lib.quantize_per_token(jnp.asarray(rng.standard_normal((m, k)), jnp.float32))
+  wq, ws = int8_lib.quantize_per_channel(jnp.asarray(rng.standard_normal((k, n)), jnp.float32))
+  ref = (np.asarray(xq, np.float64) * np.asarray(xs, np.float64)[:, None]) @ (
+      np.asarray(wq, np.float64) * np.asarray(ws, np.float64)[:, None]
+  ).T
+  assert _rel_err(int8_lib.int8_matmul(xq, wq, xs, ws, implementation="pallas"), ref) < BOUND
