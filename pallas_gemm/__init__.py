@@ -23,10 +23,12 @@ from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.glu import gated_linear_unit, gated_mlp
 from pallas_gemm.grouped import ragged_dot, ragged_weight_gradient
+from pallas_gemm.int8 import int8_matmul, make_int8_dot_general, quantize_per_channel, quantize_per_token
 from pallas_gemm.perceptron import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
+from pallas_gemm.weight_only import QuantizedWeight, dequantize_weights, quantize_weights, quantized_matmul
 
 try:
   __version__ = _metadata.version("pallas-gemm")
@@ -36,22 +38,30 @@ except _metadata.PackageNotFoundError:  # run from a source tree that is not ins
 __all__ = [
     "GemmConfig",
     "GemmProblem",
+    "QuantizedWeight",
     "RaggedConfig",
     "autotune",
     "blockwise_fp8_linear",
     "blockwise_fp8_ragged_linear",
     "blockwise_ragged_dot",
     "blockwise_scaled_matmul",
+    "dequantize_weights",
     "dot_general",
     "fp8_linear",
     "gated_linear_unit",
     "gated_mlp",
+    "int8_matmul",
     "lookup_config",
     "make_blockwise_fp8_dot_general",
     "make_dot_general",
+    "make_int8_dot_general",
     "matmul",
     "mlp",
     "quantize_blockwise",
+    "quantize_per_channel",
+    "quantize_per_token",
+    "quantize_weights",
+    "quantized_matmul",
     "ragged_dot",
     "ragged_weight_gradient",
     "scaled_matmul",

@@ -28,7 +28,10 @@ back to `lax.dot_general`.
 projections one `pallas_gemm.gated_linear_unit`.
 
 `Fp8Linear` is the fp8 counterpart of `Linear` (same parameters), with
-delayed scaling state as non-parameter variables (`Fp8Meta`).
+delayed scaling state as non-parameter variables (`Fp8Meta`). `QuantizedLinear`
+is an inference layer with int4/int8 weights quantized at load time
+(`QuantizedLinear.from_linear`); W8A8 int8 plugs into Flax's layers as
+`dot_general=pallas_gemm.make_int8_dot_general()`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import jax.numpy as jnp
 from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
+from pallas_gemm import weight_only
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
 from pallas_gemm.glu import gated_mlp
@@ -258,6 +262,68 @@ class BlockwiseFp8Linear(nnx.Linear):
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
+
+
+class QuantizedLinear(nnx.Module):
+  """An inference `Linear` whose weight is stored quantized (int4 or int8 with group scales)
+  and multiplied by `pallas_gemm.quantized_matmul`; made once, at load time, from a
+  trained layer's kernel (`from_linear`) or a (K, N) array. Not trainable.
+
+  The variables are `values` ((N, K) int4/int8), `scales` (and `zeros` when
+  asymmetric) as `nnx.Variable`s, and `bias` (N,) or None.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> dense = nnx.Linear(256, 128, rngs=nnx.Rngs(0))
+  >>> layer = QuantizedLinear.from_linear(dense, bits=4, group_size=128, implementation="xla")
+  >>> layer(jnp.ones((2, 256), jnp.bfloat16)).shape, layer.values.shape
+  ((2, 128), (128, 256))
+  """
+
+  def __init__(
+      self,
+      kernel,
+      bias=None,
+      *,
+      bits: int = 4,
+      group_size: int = 128,
+      symmetric: bool = True,
+      dtype=jnp.bfloat16,
+      activation=None,
+      implementation: str | None = None,
+  ):
+    if jnp.dtype(dtype).name not in INPUT_DTYPES:
+      raise TypeError(f"dtype must be one of {INPUT_DTYPES}, got {jnp.dtype(dtype)}")
+    self.activation = epilogue_lib.activation_name(activation)
+    qw = weight_only.quantize_weights(kernel, bits, group_size, symmetric=symmetric, dtype=dtype)
+    self.values = nnx.Variable(qw.values)
+    self.scales = nnx.Variable(qw.scales)
+    self.zeros = None if qw.zeros is None else nnx.Variable(qw.zeros)
+    self.bias = None if bias is None else nnx.Variable(jnp.asarray(bias, jnp.float32))
+    self.group_size = qw.group_size
+    self.dtype = jnp.dtype(dtype)
+    self.implementation = implementation
+
+  @classmethod
+  def from_linear(cls, linear: nnx.Linear, **kwargs) -> "QuantizedLinear":
+    """The quantized counterpart of a trained `nnx.Linear` (or `Linear`), bias included."""
+    bias = linear.bias[...] if linear.bias is not None else None
+    return cls(linear.kernel[...], bias, **kwargs)
+
+  def __call__(self, inputs):
+    weight = weight_only.QuantizedWeight(
+        self.values[...],
+        self.scales[...],
+        None if self.zeros is None else self.zeros[...],
+        self.group_size,
+    )
+    return weight_only.quantized_matmul(
+        jnp.asarray(inputs, self.dtype),
+        weight,
+        bias=None if self.bias is None else self.bias[...],
+        activation=self.activation,
+        implementation=self.implementation,
+    )
 
 
 class Dense(linen.Dense):

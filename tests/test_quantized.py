@@ -306,3 +306,50 @@ def test_int8_on_the_gpu(shape):
       np.asarray(wq, np.float64) * np.asarray(ws, np.float64)[:, None]
   ).T
   assert _rel_err(int8_lib.int8_matmul(xq, wq, xs, ws, implementation="pallas"), ref) < BOUND
+
+
+# -- Flax ------------------------------------------------------------------------------
+@needs_transposes
+def test_quantized_linear_matches_its_dense_layer():
+  nnx = pytest.importorskip("flax.nnx")
+  from pallas_gemm.flax import QuantizedLinear
+
+  dense = nnx.Linear(256, 136, rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(8).standard_normal((3, 256)), jnp.bfloat16)
+  for bits, group_size, symmetric in [(4, 128, True), (8, -1, False)]:
+    layer = QuantizedLinear.from_linear(
+        dense,
+        bits=bits,
+        group_size=group_size,
+        symmetric=symmetric,
+        activation="relu",
+        implementation="interpret",
+    )
+    qw = wo.QuantizedWeight(
+        layer.values[...],
+        layer.scales[...],
+        None if layer.zeros is None else layer.zeros[...],
+        layer.group_size,
+    )
+    w64 = np.asarray(wo.dequantize_weights(qw), np.float64)
+    ref = np.maximum(
+        np.asarray(x.astype(jnp.float32), np.float64) @ w64
+        + np.asarray(dense.bias[...], np.float64),
+        0,
+    )
+    assert _rel_err(layer(x), ref) < BOUND
+
+
+def test_int8_dot_general_plugs_into_flax():
+  nnx = pytest.importorskip("flax.nnx")
+  import pallas_gemm
+
+  x = jnp.asarray(np.random.default_rng(9).standard_normal((2, 5, 64)), jnp.float32)
+  plain = nnx.Linear(64, 24, rngs=nnx.Rngs(1))
+  quantized = nnx.Linear(
+      64, 24, dot_general=pallas_gemm.make_int8_dot_general(implementation="xla"), rngs=nnx.Rngs(1)
+  )
+  y, ref = quantized(x), plain(x)
+  assert y.shape == ref.shape == (2, 5, 24)
+  err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+  assert 0 < err < 2e-2  # int8 rounding of both operands, not an exact copy
