@@ -187,15 +187,24 @@ def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
   return QuantizedWeight(values, scales, zeros, inferred)
 
 
+STEP_US = 0.55
+"""Measured time of one ring step of 128 x 128 int4 weights per CTA (H100, M <= 16,
+NOTES exp. 67): the kernel is bound by its consumers' convert-and-multiply latency."""
+PARTIAL_BYTES_PER_US = 3.0e6
+"""HBM rate at which XLA's fusion writes and reads the f32 split-K partials."""
+
+
 def default_config(
     problem: kernel_lib.WeightOnlyProblem, num_sms: int, dequant: str = "registers"
 ) -> kernel_lib.WeightOnlyConfig:
   """Tiles for the weight-only kernel: the narrowest token tile that holds M, the widest
-  K step one scale group allows, split-K to fill the SMs, and the deepest ring that fits.
+  K step one scale group allows, 128 weight rows per warpgroup for decode, split-K
+  chosen by a small time model (waves x steps per item, plus the f32 partials that
+  XLA sums), and the deepest ring that fits.
 
   >>> p = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
-  >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.split_k)
-  (16, 128, 4)
+  >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.rows_per_wg, c.split_k)
+  (16, 128, 128, 8)
   """
   tile_m = next((t for t in (16, 32, 64) if t >= problem.m), 128)
   tile_k = next(
@@ -205,16 +214,19 @@ def default_config(
       and tile_m * t <= 256 * 128
       and (t <= 128 or problem.bits == 4)
   )
+  rows = 128 if tile_m <= 32 and tile_k <= 128 else 64
   k_steps = tiles(problem.k, tile_k)
-  items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.TILE_N)
-  # Split K while it removes a wave's worth of steps: time ~ waves * steps per item.
+  items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
+  step_us = STEP_US * (rows / 64) * (tile_k / 128) * problem.bits / 4
+  partial_us = problem.n * tiles(problem.m, tile_m) * tile_m * 8 / PARTIAL_BYTES_PER_US
   best, split_k = None, 1
   for splits in range(1, min(16, k_steps) + 1):
-    cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * (1 + 0.02 * splits)
+    cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * step_us
+    cost += (splits > 1) * splits * partial_us
     if best is None or cost < best:
       best, split_k = cost, splits
   config = kernel_lib.WeightOnlyConfig(
-      tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant
+      tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
   )
   return deepest_ring(config, problem)
 
@@ -342,7 +354,7 @@ def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool)
   x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x
   values, n = qw.values, problem.n
   if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
-    n_rows = round_up(n, kernel_lib.TILE_N)
+    n_rows = round_up(n, config.tile_n)
     values = jnp.pad(values, ((0, n_rows - n), (0, 0)))
   group_scales = group_zeros = None
   if not problem.per_channel:

@@ -18,7 +18,7 @@ bytes of bf16) and dequantizes it in registers, between the TMA ring and WGMMA:
     WGMMA completes, so each step's WGMMA is waited for before the next convert.
   - One ring step is one K block of `tile_k` weights, within one scale group
     (`tile_k` divides `group_size`), so a step needs one scale row.
-  - The persistent CTAs share (split, token tile, 128 weight rows) work items;
+  - The persistent CTAs share (split, token tile, `tile_n` weight rows) work items;
     split-K gives decode enough of them to fill the SMs. The kernel writes f32
     partial sums (splits, N, M) and the caller's XLA fusion sums the splits,
     transposes, and applies per-channel scales, bias and activation.
@@ -45,10 +45,6 @@ from pallas_gemm import pipeline
 from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
 from pallas_gemm.smem import LIMIT_BYTES as SMEM_BYTES
 
-ROWS_PER_WG = 64
-"""Weight rows (output columns) per consumer warpgroup: WGMMA's M."""
-TILE_N = pipeline.CONSUMERS * ROWS_PER_WG
-"""Weight rows per work item."""
 BITS = (4, 8)
 DEQUANT = ("registers", "smem")
 ACTIVATION_DTYPES = ("bfloat16", "float16")
@@ -83,6 +79,10 @@ class WeightOnlyConfig:
   tile_k: K per ring step (64, 128 or 256), dividing `group_size` unless per channel.
   stages: ring depth.
   split_k: K slices computed by different CTAs (partial sums added by XLA).
+  promotion_depth: register path with group scales: 2 converts and issues the next
+    step before the previous product is scaled (`Ring.mma_promoted`), 1 is serial.
+  rows_per_wg: weight rows per consumer warpgroup (WGMMA's M): 64 or 128 (two
+    m64 groups per step: more independent work behind each step's fixed latency).
   dequant: "registers" (the converted weights are WGMMA's register operand) or
     "smem" (they are written back to a double-buffered shared-memory tile that
     WGMMA reads; what the GPU interpreter runs, since it has no register operand).
@@ -96,6 +96,13 @@ class WeightOnlyConfig:
   stages: int = 8
   split_k: int = 1
   dequant: str = "registers"
+  rows_per_wg: int = 64
+  promotion_depth: int = 2
+
+  @property
+  def tile_n(self) -> int:
+    """Weight rows (output columns) per work item."""
+    return pipeline.CONSUMERS * self.rows_per_wg
 
   def validate(self, problem: WeightOnlyProblem) -> None:
     """Raises ValueError naming the field and the rule it breaks."""
@@ -117,10 +124,15 @@ class WeightOnlyConfig:
           f"WeightOnlyConfig.split_k={self.split_k!r}: an int from 1 to the K steps "
           f"({tiles(problem.k, self.tile_k)})"
       )
-    if self.tile_m * self.tile_k > 256 * 128:
+    if self.promotion_depth not in (1, 2):
+      raise ValueError(f"WeightOnlyConfig.promotion_depth={self.promotion_depth}: use 1 or 2")
+    if self.rows_per_wg not in (64, 128):
+      raise ValueError(f"WeightOnlyConfig.rows_per_wg={self.rows_per_wg}: use 64 or 128")
+    if self.rows_per_wg * self.tile_k > 128 * 128 or self.rows_per_wg * self.tile_m > 64 * 128:
       raise ValueError(
-          f"WeightOnlyConfig: tile_m * tile_k = {self.tile_m * self.tile_k} > {256 * 128}: "
-          "the register budget of the converted weights and the accumulator"
+          f"WeightOnlyConfig: rows_per_wg={self.rows_per_wg} with tile_k={self.tile_k} and "
+          f"tile_m={self.tile_m} exceeds the registers of a consumer (converted weights "
+          "rows_per_wg * tile_k <= 16384, accumulator and sum rows_per_wg * tile_m <= 8192)"
       )
     need = self.smem_bytes(problem)
     if need > SMEM_BYTES:
@@ -130,12 +142,12 @@ class WeightOnlyConfig:
 
   def smem_bytes(self, problem: WeightOnlyProblem) -> int:
     x_bytes = jnp.dtype(problem.dtype).itemsize
-    stage = TILE_N * self.tile_k * problem.bits // 8 + self.tile_m * self.tile_k * x_bytes
+    stage = self.tile_n * self.tile_k * problem.bits // 8 + self.tile_m * self.tile_k * x_bytes
     if not problem.per_channel:
-      stage += TILE_N * x_bytes * (2 if problem.zeros else 1)
-    out = pipeline.CONSUMERS * ROWS_PER_WG * self.tile_m * 4
+      stage += self.tile_n * x_bytes * (2 if problem.zeros else 1)
+    out = self.tile_n * self.tile_m * 4
     if self.dequant == "smem":
-      out += pipeline.CONSUMERS * 2 * ROWS_PER_WG * self.tile_k * x_bytes
+      out += 2 * self.tile_n * self.tile_k * x_bytes
     return self.stages * stage + out + 1024  # barriers and alignment
 
 
@@ -158,8 +170,8 @@ def _transforms(dtype, bits: int, cols: int) -> tuple:
 
 
 def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers):
-  tm, tk = cfg.tile_m, cfg.tile_k
-  n_tiles, m_tiles = tiles(p.n, TILE_N), tiles(p.m, tm)
+  tm, tk, rows, tile_n = cfg.tile_m, cfg.tile_k, cfg.rows_per_wg, cfg.tile_n
+  n_tiles, m_tiles = tiles(p.n, tile_n), tiles(p.m, tm)
   k_steps = tiles(p.k, tk)
   steps_per_split = tiles(k_steps, cfg.split_k)
   items = cfg.split_k * m_tiles * n_tiles
@@ -188,14 +200,14 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
           kk = split * steps_per_split + k  # past K: TMA zero-fills (the last split)
           cols = pl.ds(kk * tk, tk)
           views = [
-              w_gmem.at[pl.ds(ni * TILE_N, TILE_N), cols],
+              w_gmem.at[pl.ds(ni * tile_n, tile_n), cols],
               x_gmem.at[pl.ds(mi * tm, tm), cols],
           ]
           if grouped:
             group = pl.ds(lax.div(kk * tk, p.group_size), 1)
-            views.append(scale_gmem.at[group, pl.ds(ni * TILE_N, TILE_N)])
+            views.append(scale_gmem.at[group, pl.ds(ni * tile_n, tile_n)])
             if p.zeros:
-              views.append(zero_gmem.at[group, pl.ds(ni * TILE_N, TILE_N)])
+              views.append(zero_gmem.at[group, pl.ds(ni * tile_n, tile_n)])
           ring.fill(step0 + k, views)
 
         return steps_per_split
@@ -207,16 +219,16 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
       group scale multiplies the step's product, `promote`), or, with `dequant="smem"`,
       (q - zero) * scale written to shared-memory buffer k % 2 (the WGMMA of step k - 2,
       which read it last, has completed: `Ring.mma` keeps one in flight)."""
-      rows = pl.ds(wg * ROWS_PER_WG, ROWS_PER_WG)
-      w = _compat.load_registers(w_tile.at[rows], upcast, optimized=True)
+      mine = pl.ds(wg * rows, rows)
+      w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
       w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
       if p.zeros and grouped:
-        zero = _compat.load_registers(group_tiles[1].at[0, rows], row_layout)
+        zero = _compat.load_registers(group_tiles[1].at[0, mine], row_layout)
         w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
       if w_smem is None:
         return w, _compat.transpose_2d(x_tile)
       if grouped:
-        scale = _compat.load_registers(group_tiles[0].at[0, rows], row_layout)
+        scale = _compat.load_registers(group_tiles[0].at[0, mine], row_layout)
         w = w * lax.broadcast_in_dim(scale, w.shape, (0,))
       buffer = w_smem.at[wg, lax.rem(k, 2)]
       buffer[...] = w
@@ -225,9 +237,8 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
 
     def promote(_, w_tile, x_tile, scale_tile, *rest):
       """The multiplier of one step's product: the group scales of this warpgroup's rows."""
-      rows = pl.ds(wg * ROWS_PER_WG, ROWS_PER_WG)
-      scale = _compat.load_registers(scale_tile.at[0, rows], row_layout)
-      return lax.broadcast_in_dim(scale.astype(jnp.float32), (ROWS_PER_WG, tm), (0,))
+      scale = _compat.load_registers(scale_tile.at[0, pl.ds(wg * rows, rows)], row_layout)
+      return lax.broadcast_in_dim(scale.astype(jnp.float32), (rows, tm), (0,))
 
     def store(result, split, mi, ni):
       slot = out_smem.at[wg]
@@ -236,9 +247,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(
           slot,
-          out_gmem.at[
-              split, pl.ds(ni * TILE_N + wg * ROWS_PER_WG, ROWS_PER_WG), pl.ds(mi * tm, tm)
-          ],
+          out_gmem.at[split, pl.ds(ni * tile_n + wg * rows, rows), pl.ds(mi * tm, tm)],
       )
 
     def consumer():
@@ -247,7 +256,13 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
         if w_smem is None and grouped:  # register operands, scales on each step's product
           store(
               ring.mma_promoted(
-                  (ROWS_PER_WG, tm), step0, 0, steps_per_split, operands, promote, depth=1
+                  (rows, tm),
+                  step0,
+                  0,
+                  steps_per_split,
+                  operands,
+                  promote,
+                  depth=cfg.promotion_depth,
               ),
               split,
               mi,
@@ -255,7 +270,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
           )
           return steps_per_split
 
-        @functools.partial(pl.run_scoped, acc=plgpu.ACC((ROWS_PER_WG, tm), jnp.float32))
+        @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
         def _(acc):
           # A register operand must stay untouched until its WGMMA is done: no overlap.
           ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
@@ -269,21 +284,21 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
     pipeline.warp_specialized(producer, consumer)
 
   buffers = [
-      ((TILE_N, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(None, p.bits, tk)),
+      ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(None, p.bits, tk)),
       ((tm, tk), dtype, _transforms(None, 8 * dtype.itemsize, tk)),
   ]
   if grouped:
-    buffers += [((1, TILE_N), dtype, ())] * (2 if p.zeros else 1)
+    buffers += [((1, tile_n), dtype, ())] * (2 if p.zeros else 1)
   pl.run_scoped(
       scoped,
       ring_refs=pipeline.ring_scratch(cfg.stages, buffers),
       out_smem=plgpu.SMEM(
-          (pipeline.CONSUMERS, ROWS_PER_WG, tm), jnp.float32, transforms=_transforms(None, 32, tm)
+          (pipeline.CONSUMERS, rows, tm), jnp.float32, transforms=_transforms(None, 32, tm)
       ),
       **(
           dict(
               w_smem=plgpu.SMEM(
-                  (pipeline.CONSUMERS, 2, ROWS_PER_WG, tk),
+                  (pipeline.CONSUMERS, 2, rows, tk),
                   dtype,
                   transforms=_transforms(None, 8 * dtype.itemsize, tk),
               )
@@ -315,7 +330,7 @@ def weight_only_gemm(
   config.validate(problem)
   workers = num_sms or DEFAULT_NUM_SMS
   m_pad = tiles(problem.m, config.tile_m) * config.tile_m
-  items = config.split_k * tiles(problem.m, config.tile_m) * tiles(problem.n, TILE_N)
+  items = config.split_k * tiles(problem.m, config.tile_m) * tiles(problem.n, config.tile_n)
   workers = min(workers, items)
   kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
   out_type = jax.ShapeDtypeStruct((config.split_k, problem.n, m_pad), jnp.float32)
