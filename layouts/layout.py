@@ -479,6 +479,13 @@ def composition(lhs, rhs):
 
   >>> composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1)))
   ((2,2),3):((24,2),8)
+
+  A negative right-hand stride walks ``lhs`` backwards, as in CuTe (which
+  carries the stride's sign through the same division): the strides of the
+  composition with its absolute value, negated.
+
+  >>> composition(Layout((4, 8), (8, 1)), Layout(4, -1))
+  4:-8
   """
   if not isinstance(lhs, Layout):
     if hasattr(lhs, "compose"):
@@ -504,8 +511,11 @@ def _compose_mode(lhs: Layout, s: int, d) -> Layout:
     raise ValueError(f"composition: right-hand strides must be ints, got {d}")
   if d == 0:
     return Layout(s, 0)
-  if d < 0:
-    raise ValueError(f"composition: right-hand stride {d} is negative")
+  if d < 0:  # CuTe carries the sign through: the strides of lhs o s:|d|, negated
+    mirrored = _compose_mode(lhs, s, -d)
+    return coalesce(
+        _from_modes([(m, -e) for m, e in zip(flatten(mirrored.shape), flatten(mirrored.stride))])
+    )
   flat = coalesce(lhs)
   modes = list(zip(flatten(flat.shape), flatten(flat.stride)))
   result, rest_shape, rest_stride = [], s, d

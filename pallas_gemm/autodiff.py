@@ -62,6 +62,7 @@ from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import batching
 from pallas_gemm import dpre
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
@@ -94,7 +95,11 @@ def matmul(
 
   Adds reverse-mode gradients for a, b, bias, c, row_bias and residual (see
   the module doc), vmap onto the kernel's batch dimension (`batching`), and
-  operands sharded over Explicit mesh axes (`sharding`).
+  operands sharded over Explicit mesh axes (`sharding`). With
+  `implementation="xla"` (the default off Hopper) and the output in the operands' dtype
+  it is XLA's ops throughout, so forward mode and higher orders (`jax.jvp`, `jax.jacfwd`,
+  `jax.hessian`) work as for `lax.dot_general`; the kernel (and an f32 output of 16-bit
+  operands) has reverse mode only: forward mode raises jax's custom_vjp error.
 
   >>> import jax.numpy as jnp
   >>> a = jnp.ones((2, 3), jnp.bfloat16); b = jnp.ones((2, 4), jnp.bfloat16)
@@ -133,7 +138,18 @@ def matmul(
       clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
       autotune=autotune,
   )
-  return _matmul(call, a, b, bias, c, row_bias, residual)
+  operands = (a, b, bias, c, row_bias, residual)
+  if (
+      implementation == "xla"
+      and call.out_dtype == a.dtype.name == b.dtype.name not in FP8_DTYPES
+      and sharding.explicit_mesh(*operands) is None
+  ):
+    # XLA's ops all the way: every transformation jax has (jvp, jacfwd, grad of grad,
+    # hessian, vmap) applies as it does to `lax.dot_general`. Not for a wider output than
+    # the operands: jax's own backward would then multiply in the output's precision,
+    # where the custom_vjp keeps the operands' (16-bit GEMMs accumulating in f32).
+    return batching.run(call, *operands)
+  return _matmul(call, *operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -102,17 +102,19 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
 
 def _vmappable(call):
   @jax.custom_batching.custom_vmap
-  def run(a, b, bias, c, row_bias, residual):
-    return _run(call, a, b, bias, c, row_bias, residual)
+  def vmappable(a, b, bias, c, row_bias, residual):
+    return run(call, a, b, bias, c, row_bias, residual)
 
-  @run.def_vmap
+  @vmappable.def_vmap
   def rule(axis_size, in_batched, *args):
     return _batched(call, axis_size, in_batched, *args), (True, True) if call.return_pre else True
 
-  return run
+  return vmappable
 
 
-def _run(call, a, b, bias, c, row_bias, residual):
+def run(call, a, b, bias, c, row_bias, residual):
+  """`call` on unbatched operands: the entry of `pallas_gemm.gemm.gemm`, as jax traces it
+  (no custom batching rule: the XLA implementation batches and differentiates natively)."""
   if call.implementation == "interpret":
     _compat.require_interpret_transposes(call.transpose_a, call.transpose_b)
   if call.implementation == "xla" and call.transpose_a and a.ndim == 2 and b.ndim > 2:

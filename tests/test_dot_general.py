@@ -13,6 +13,9 @@ import pytest
 from pallas_gemm.dot import dot_general, make_dot_general
 
 XLA = make_dot_general(implementation="xla")
+KERNEL = make_dot_general(implementation="interpret")
+"""The kernel's path (traced, not run, where a test looks for its custom_vjp): the XLA
+path is plain XLA ops, with no custom_vjp to find."""
 
 # name: (lhs shape, rhs shape, dimension_numbers, kernel layout)
 ON_KERNEL = {
@@ -106,7 +109,7 @@ def test_kernel_cases_match_lax_and_take_no_transposed_copy(name):
   ref = lax.dot_general(lhs, rhs, dn, preferred_element_type=jnp.float32)
   assert ours.shape == ref.shape and ours.dtype == ref.dtype
   assert _rel_err(ours, ref) < 1e-6
-  traced = _primitives(lambda x, y: dot_general(x, y, dn), lhs, rhs)  # the GPU default path
+  traced = _primitives(lambda x, y: KERNEL(x, y, dn), lhs, rhs)
   assert "custom_vjp_call" in traced
   pallas = make_dot_general(implementation="pallas")
   kernel = _primitives(lambda x, y: pallas(x, y, dn), lhs, rhs)
@@ -133,7 +136,7 @@ def test_gradients_match_lax(name):
 def test_other_cases_fall_back_to_lax(name):
   lhs_shape, rhs_shape, dn, dtypes, precision = TO_LAX[name]
   lhs, rhs = _operands(lhs_shape, rhs_shape, dtypes)
-  f = lambda x, y: dot_general(x, y, dn, precision=precision)
+  f = lambda x, y: KERNEL(x, y, dn, precision=precision)
   assert "custom_vjp_call" not in _primitives(f, lhs, rhs)
   np.testing.assert_array_equal(f(lhs, rhs), lax.dot_general(lhs, rhs, dn, precision=precision))
 
@@ -150,7 +153,7 @@ def test_other_cases_fall_back_to_lax(name):
 )
 def test_precisions_the_kernel_honours(precision):
   lhs, rhs = _operands((8, 24), (24, 16))
-  f = lambda x, y: dot_general(x, y, (((1,), (0,)), ((), ())), precision=precision)
+  f = lambda x, y: KERNEL(x, y, (((1,), (0,)), ((), ())), precision=precision)
   assert "custom_vjp_call" in _primitives(f, lhs, rhs)
 
 
