@@ -13,7 +13,7 @@ import pytest
 from pallas_gemm.dot import dot_general, make_dot_general
 
 XLA = make_dot_general(implementation="xla")
-KERNEL = make_dot_general(implementation="interpret")
+KERNEL = make_dot_general(implementation="pallas")
 """The kernel's path (traced, not run, where a test looks for its custom_vjp): the XLA
 path is plain XLA ops, with no custom_vjp to find."""
 
