@@ -43,20 +43,21 @@ from pallas_gemm import _compat
 MEMORY_REGISTERS = 40
 """Registers per thread left to the producer warpgroup (setmaxnreg)."""
 
-COMPUTE_REGISTERS = 232
-"""Registers per consumer thread: (512 - 40) / 2, rounded down to a multiple of 8."""
 
 CONSUMERS = 2
 """Consumer warpgroups per CTA; warpgroup `CONSUMERS` is the producer."""
 
 
-def ring_scratch(stages: int, buffers: Sequence[tuple], *, cluster: bool = False) -> dict:
+def ring_scratch(
+    stages: int, buffers: Sequence[tuple], *, cluster: bool = False, consumers: int = CONSUMERS
+) -> dict:
   """`pl.run_scoped` allocations of a `Ring`: one SMEM array per operand, each
   (stages, *tile), and the two barrier arrays.
 
   Args:
     stages: ring depth.
     buffers: (tile_shape, dtype, transforms) per operand copied into each stage.
+    consumers: the consumer warpgroups that release each stage.
     cluster: the stages are shared with the other CTAs of a cluster (TMA
       multicast): `consumed` is a cluster barrier, so that a CTA refills a slot
       only once every CTA that reads the multicast copy has released it.
@@ -67,10 +68,10 @@ def ring_scratch(stages: int, buffers: Sequence[tuple], *, cluster: bool = False
   )
   if cluster:
     consumed = plgpu.ClusterBarrier(
-        collective_axes=("cluster",), num_arrivals=CONSUMERS, num_barriers=stages
+        collective_axes=("cluster",), num_arrivals=consumers, num_barriers=stages
     )
   else:
-    consumed = plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages)
+    consumed = plgpu.Barrier(num_arrivals=consumers, num_barriers=stages)
   return dict(
       buffers=smem,
       loaded=plgpu.Barrier(num_arrivals=len(buffers), num_barriers=stages),
@@ -268,7 +269,20 @@ def persistent_loop(
   return steps
 
 
-def warp_specialized(producer: Callable, consumer: Callable) -> None:
+def compute_registers(consumers: int = CONSUMERS) -> int:
+  """Registers per consumer thread after `setmaxnreg`: a CTA of `consumers + 1`
+  warpgroups starts with the same count per thread (65536 shared out, a multiple of 8),
+  and the consumers can only grow by what the producer gives back on dropping to
+  `MEMORY_REGISTERS` (an increase beyond it waits forever).
+
+  >>> compute_registers(2), compute_registers(4)
+  (232, 104)
+  """
+  start = 65536 // (128 * (consumers + 1)) // 8 * 8
+  return start + (start - MEMORY_REGISTERS) // consumers // 8 * 8
+
+
+def warp_specialized(producer: Callable, consumer: Callable, *, consumers: int = CONSUMERS) -> None:
   """Runs `producer` on the last warpgroup and `consumer` on the others, after
   moving registers from the producer (`MEMORY_REGISTERS`) to the consumers."""
 
@@ -277,10 +291,10 @@ def warp_specialized(producer: Callable, consumer: Callable) -> None:
     producer()
 
   def consume():
-    plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+    plgpu.set_max_registers(compute_registers(consumers), action="increase")
     consumer()
 
-  lax.cond(lax.axis_index("wg") == CONSUMERS, produce, consume)
+  lax.cond(lax.axis_index("wg") == consumers, produce, consume)
 
 
 def launch(
@@ -291,9 +305,10 @@ def launch(
     cluster_size: int = 1,
     compiler_params=None,
     interpret=None,
+    consumers: int = CONSUMERS,
 ):
   """The `plgpu.kernel` of a warp-specialized persistent kernel: `workers` CTAs (or
-  clusters) on grid axis "sm", `CONSUMERS + 1` warpgroups on axis "wg"."""
+  clusters) on grid axis "sm", `consumers + 1` warpgroups on axis "wg"."""
   cluster_kwargs = {}
   if cluster_size > 1:
     cluster_kwargs = dict(cluster=(cluster_size,), cluster_names=("cluster",))
@@ -302,7 +317,7 @@ def launch(
       out_type=out_type,
       grid=(workers,),
       grid_names=("sm",),
-      num_threads=CONSUMERS + 1,
+      num_threads=consumers + 1,
       thread_name="wg",
       compiler_params=compiler_params or _compat.compiler_params(),
       interpret=interpret,

@@ -81,6 +81,8 @@ class WeightOnlyConfig:
   split_k: K slices computed by different CTAs (partial sums added by XLA).
   promotion_depth: register path with group scales: 2 converts and issues the next
     step before the previous product is scaled (`Ring.mma_promoted`), 1 is serial.
+  consumers: consumer warpgroups per CTA, 2 or 4 (more warps to hide the convert's
+    latency, at `pipeline.compute_registers(4)` = 112 registers each).
   rows_per_wg: weight rows per consumer warpgroup (WGMMA's M): 64 or 128 (two
     m64 groups per step: more independent work behind each step's fixed latency).
   dequant: "registers" (the converted weights are WGMMA's register operand) or
@@ -98,11 +100,12 @@ class WeightOnlyConfig:
   dequant: str = "registers"
   rows_per_wg: int = 64
   promotion_depth: int = 2
+  consumers: int = pipeline.CONSUMERS
 
   @property
   def tile_n(self) -> int:
     """Weight rows (output columns) per work item."""
-    return pipeline.CONSUMERS * self.rows_per_wg
+    return self.consumers * self.rows_per_wg
 
   def validate(self, problem: WeightOnlyProblem) -> None:
     """Raises ValueError naming the field and the rule it breaks."""
@@ -128,17 +131,25 @@ class WeightOnlyConfig:
       raise ValueError(f"WeightOnlyConfig.promotion_depth={self.promotion_depth}: use 1 or 2")
     if self.rows_per_wg not in (64, 128):
       raise ValueError(f"WeightOnlyConfig.rows_per_wg={self.rows_per_wg}: use 64 or 128")
-    if self.rows_per_wg * self.tile_k > 128 * 128 or self.rows_per_wg * self.tile_m > 64 * 128:
+    if self.consumers not in (2, 4):
+      raise ValueError(f"WeightOnlyConfig.consumers={self.consumers}: use 2 or 4")
+    registers = self.registers()
+    if registers > pipeline.compute_registers(self.consumers):
       raise ValueError(
-          f"WeightOnlyConfig: rows_per_wg={self.rows_per_wg} with tile_k={self.tile_k} and "
-          f"tile_m={self.tile_m} exceeds the registers of a consumer (converted weights "
-          "rows_per_wg * tile_k <= 16384, accumulator and sum rows_per_wg * tile_m <= 8192)"
+          f"WeightOnlyConfig: rows_per_wg={self.rows_per_wg}, tile_k={self.tile_k}, "
+          f"tile_m={self.tile_m} need ~{registers} registers per consumer thread, more than "
+          f"the {pipeline.compute_registers(self.consumers)} of {self.consumers} consumers"
       )
     need = self.smem_bytes(problem)
     if need > SMEM_BYTES:
       raise ValueError(
           f"WeightOnlyConfig.stages={self.stages}: {need} bytes of shared memory > {SMEM_BYTES}"
       )
+
+  def registers(self) -> int:
+    """Per consumer thread: the converted bf16 weights (2 per register), the step's
+    accumulator and the promoted sum (f32), and ~40 for addresses and the loop."""
+    return self.rows_per_wg * self.tile_k // 256 + 2 * self.rows_per_wg * self.tile_m // 128 + 40
 
   def smem_bytes(self, problem: WeightOnlyProblem) -> int:
     x_bytes = jnp.dtype(problem.dtype).itemsize
@@ -281,7 +292,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
       pipeline.persistent_loop(items, compute, steps_of=steps_per_split, workers=workers)
       plgpu.wait_smem_to_gmem(0)
 
-    pipeline.warp_specialized(producer, consumer)
+    pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
 
   buffers = [
       ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(None, p.bits, tk)),
@@ -291,14 +302,14 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
     buffers += [((1, tile_n), dtype, ())] * (2 if p.zeros else 1)
   pl.run_scoped(
       scoped,
-      ring_refs=pipeline.ring_scratch(cfg.stages, buffers),
+      ring_refs=pipeline.ring_scratch(cfg.stages, buffers, consumers=cfg.consumers),
       out_smem=plgpu.SMEM(
-          (pipeline.CONSUMERS, rows, tm), jnp.float32, transforms=_transforms(None, 32, tm)
+          (cfg.consumers, rows, tm), jnp.float32, transforms=_transforms(None, 32, tm)
       ),
       **(
           dict(
               w_smem=plgpu.SMEM(
-                  (pipeline.CONSUMERS, 2, rows, tk),
+                  (cfg.consumers, 2, rows, tk),
                   dtype,
                   transforms=_transforms(None, 8 * dtype.itemsize, tk),
               )
@@ -339,6 +350,7 @@ def weight_only_gemm(
       out_type=out_type,
       workers=workers,
       interpret=interpret,
+      consumers=config.consumers,
   )
   scale_arg = scales if scales is not None else jnp.zeros((1, 1), problem.dtype)
   zero_arg = zeros if zeros is not None else jnp.zeros((1, 1), problem.dtype)

@@ -101,6 +101,17 @@ def test_weight_only_interpret_matches_float64(m, n, k, bits, group_size, symmet
 
 
 @needs_transposes
+def test_four_consumer_warpgroups_interpret_matches_float64():
+  x, qw, bias, ref = _weight_only_case(10, 5, 512, 512, 4, 128, False)
+  config = kernel_lib.WeightOnlyConfig(tile_m=16, tile_k=128, stages=2, split_k=2, consumers=4)
+  assert config.tile_n == 256
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="interpret"
+  )
+  assert _rel_err(y, ref) < BOUND
+
+
+@needs_transposes
 def test_int8_interpret_matches_float64():
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((3, 67, 256)), jnp.bfloat16)
@@ -255,6 +266,8 @@ def test_quantize_weights_rejects_bad_groups_and_bits():
         (dict(dequant="tmem"), "dequant='tmem'"),
         (dict(split_k=0), "split_k=0"),
         (dict(stages=64), "bytes of shared memory"),
+        (dict(consumers=4, tile_m=64, rows_per_wg=128), "registers per consumer thread"),
+        (dict(consumers=3), "consumers=3"),
     ],
 )
 def test_config_errors_name_the_field(fields, match):
