@@ -45,14 +45,6 @@ W8A8_SHAPES = ((8192, 8192, 8192), (8192, 6144, 4096), (8192, 14336, 4096), (819
 """MxNxK: 8192^3 and Llama-3-8B's qkv, gate/up and down projections at 8k tokens."""
 SMOKE = dict(weights=((256, 384),), tokens=(3, 20), w8a8=((72, 136, 256),))
 L2_BYTES = 50 * 2**20
-TARGETS = {
-    ("int4_ours", "decode"): 3.0,
-    ("int4_ours", "m64"): 2.2,
-    ("int4_ours", "prefill"): 0.9,
-    ("int8_ours", "decode"): 1.8,
-    ("w8a8", "bf16"): 1.5,
-    ("w8a8", "xla"): 1.05,
-}
 
 
 def _copies(nbytes: int) -> int:

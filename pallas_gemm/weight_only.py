@@ -228,7 +228,15 @@ def default_config(
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
   )
-  return deepest_ring(config, problem)
+  return deepest_ring(_rows_that_fit(config, problem), problem)
+
+
+def _rows_that_fit(config, problem):
+  """`config`, with 64 weight rows per warpgroup if its rows do not fit two stages in SMEM
+  (the SMEM convert's double-buffered tiles grow with them)."""
+  if dataclasses.replace(config, stages=2).smem_bytes(problem) > kernel_lib.SMEM_BYTES:
+    return dataclasses.replace(config, rows_per_wg=64)
+  return config
 
 
 def deepest_ring(config, problem, most: int = 16):
@@ -348,7 +356,7 @@ def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool)
   if interpret:  # no register operand there, and no zero fill past K: whole splits
     k_steps = tiles(problem.k, config.tile_k)
     split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
-    config = dataclasses.replace(config, dequant="smem", split_k=split_k)
+    config = _rows_that_fit(dataclasses.replace(config, dequant="smem", split_k=split_k), problem)
     config = deepest_ring(config, problem, most=config.stages)
   m_rows = round_up(problem.m, config.tile_m) if interpret else tma_rows(problem.m)
   x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x

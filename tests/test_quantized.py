@@ -368,3 +368,16 @@ def test_int8_dot_general_plugs_into_flax():
   assert y.shape == ref.shape == (2, 5, 24)
   err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
   assert 0 < err < 2e-2  # int8 rounding of both operands, not an exact copy
+
+
+@needs_transposes
+def test_benchmark_runs_on_the_cpu(capsys, tmp_path):
+  from benchmarks import quantized as harness
+
+  assert (
+      harness.main(["--cpu-smoke", "--rounds", "1", "--iterations", "1", "--out", str(tmp_path)])
+      == 0
+  )
+  out = capsys.readouterr().out
+  assert "| 20x384x256 |" in out and "| 72x136x256 |" in out
+  assert (tmp_path / "quantized.json").exists()
