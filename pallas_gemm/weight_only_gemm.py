@@ -170,7 +170,8 @@ def _swizzle(row_bytes: int) -> int:
   return 16
 
 
-def _transforms(dtype, bits: int, cols: int) -> tuple:
+def _transforms(bits: int, cols: int) -> tuple:
+  """SMEM tiling and swizzle of a K-major tile whose rows hold `cols` elements of `bits`."""
   swizzle = _swizzle(cols * bits // 8)
   if swizzle == 16:
     return ()
@@ -295,23 +296,21 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
     pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
 
   buffers = [
-      ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(None, p.bits, tk)),
-      ((tm, tk), dtype, _transforms(None, 8 * dtype.itemsize, tk)),
+      ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(p.bits, tk)),
+      ((tm, tk), dtype, _transforms(8 * dtype.itemsize, tk)),
   ]
   if grouped:
     buffers += [((1, tile_n), dtype, ())] * (2 if p.zeros else 1)
   pl.run_scoped(
       scoped,
       ring_refs=pipeline.ring_scratch(cfg.stages, buffers, consumers=cfg.consumers),
-      out_smem=plgpu.SMEM(
-          (cfg.consumers, rows, tm), jnp.float32, transforms=_transforms(None, 32, tm)
-      ),
+      out_smem=plgpu.SMEM((cfg.consumers, rows, tm), jnp.float32, transforms=_transforms(32, tm)),
       **(
           dict(
               w_smem=plgpu.SMEM(
                   (cfg.consumers, 2, rows, tk),
                   dtype,
-                  transforms=_transforms(None, 8 * dtype.itemsize, tk),
+                  transforms=_transforms(8 * dtype.itemsize, tk),
               )
           )
           if cfg.dequant == "smem"
