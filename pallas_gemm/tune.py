@@ -21,6 +21,7 @@ from absl import flags
 import jax
 
 from pallas_gemm import tuning_cache
+from pallas_gemm.cli import parse_flags
 from pallas_gemm.tuner import L2_MODES, CuptiTimer, SearchSpace, candidate_configs, tune_problem
 
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
@@ -201,18 +202,6 @@ def main(argv) -> int:
       log=_LOG.value,
       timer_factory=functools.partial(CuptiTimer, l2=_L2.value),
   )
-
-
-def parse_flags(argv):
-  """absl flag parsing that also accepts dashes in flag names (`--dry-run`)."""
-
-  def underscored(arg):
-    if not arg.startswith("--"):
-      return arg
-    name, eq, value = arg.partition("=")
-    return name[:2] + name[2:].replace("-", "_") + eq + value
-
-  return flags.FLAGS([argv[0]] + [underscored(arg) for arg in argv[1:]])
 
 
 def run() -> None:
