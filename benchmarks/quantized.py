@@ -76,14 +76,15 @@ def _rel_err(y, ref) -> float:
   return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
-def _timed(fn, sets, rounds_samples, name, iterations, timer):
-  """Median ms of one call of fn over its input sets (cycled inside one jitted call)."""
+def _cycled(fn):
+  """fn over every input set in turn, as one jitted call (built once per contender, so
+  every round times the same compiled program)."""
+  return jax.jit(lambda *sets: [fn(*args) for args in sets])
 
-  @jax.jit
-  def cycle(*flat):
-    return [fn(*args) for args in flat]
 
-  times = timer(cycle, sets, iterations)
+def _timed(cycled, sets, rounds_samples, name, iterations, timer):
+  """Appends one round's times of one call of fn (`_cycled(fn)` over `sets`)."""
+  times = timer(cycled, sets, iterations)
   rounds_samples.setdefault(name, []).extend(t / len(sets) for t in times)
 
 
@@ -120,9 +121,10 @@ def run_weight_only(weights, tokens, *, implementation, rounds, iterations, time
         copies = _copies(nbytes) if timer is cupti_times_ms else 1
         fresh = lambda: jax.tree.map(lambda a: jnp.array(a, copy=True), operand)
         sets[name] = [(x, operand)] + [(x, fresh()) for _ in range(copies - 1)]
+      cycled = {name: _cycled(fn) for name, fn in contenders.items()}
       for _ in range(rounds):
-        for name, fn in contenders.items():
-          _timed(fn, sets[name], samples, name, iterations, timer)
+        for name in contenders:
+          _timed(cycled[name], sets[name], samples, name, iterations, timer)
       for name, times in samples.items():
         med = statistics.median(times)
         moved = weight_bytes.get(name, k * n // 2) + 2 * m * (k + n)
@@ -174,9 +176,10 @@ def run_w8a8(shapes, *, implementation, rounds, iterations, timer, log=print):
       log(f"w8a8 {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
       if err > 1e-2:
         raise SystemExit(f"{case} {name}: relative error {err:.1e}")
+    cycled = {name: _cycled(fn) for name, fn in contenders.items()}
     for _ in range(rounds):
-      for name, fn in contenders.items():
-        _timed(fn, [args], samples, name, iterations, timer)
+      for name in contenders:
+        _timed(cycled[name], [args], samples, name, iterations, timer)
     for name, times in samples.items():
       med = statistics.median(times)
       rows.append(
