@@ -130,4 +130,4 @@ def test_layers_of_a_model_share_kernels():
     ).mlir_module()
     return compile_once.module_kernel_count(text)
 
-  assert kernels(1) == kernels(3) > 5
+  assert kernels(1) == kernels(2) > 5  # a second layer adds call sites, not kernels

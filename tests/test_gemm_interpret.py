@@ -96,7 +96,7 @@ def _run(m, n, k, *, layout="NN", dtype="bfloat16", batch=(), seed=0, config=Non
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_nn(dtype):
-  _run(256, 256, 192, dtype=dtype)
+  _run(256, 256, 128, dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_nn(dtype):
     ],
 )
 def test_transposed_layouts(layout):
-  _run(256, 256, 192, layout=layout, config=GemmConfig(wg_split="n") if layout[0] == "T" else None)
+  _run(256, 256, 128, layout=layout, config=GemmConfig(wg_split="n") if layout[0] == "T" else None)
 
 
 @pytest.mark.parametrize(
@@ -136,8 +136,9 @@ def test_transposed_layouts(layout):
     ],
 )
 def test_schedules(config):
-  # 3x3 tiles of 128 rows over 2 SMs: uneven tile counts per SM and per warpgroup.
-  _run(384, 3 * config.tile_n, 256, config=config)
+  # 3x3 tiles of 128 rows over 2 SMs: uneven tile counts per SM and per warpgroup; two K
+  # steps per tile (the stage rings wrap across tiles).
+  _run(384, 3 * config.tile_n, 128, config=config)
 
 
 @pytest.mark.parametrize(
@@ -151,7 +152,7 @@ def test_schedules(config):
 )
 def test_narrow_n_major_b_tiles_narrow_the_swizzle(config):
   # Each warpgroup's slice of the N-major B tile is 32 columns: a 64-byte swizzle, not 128.
-  _run(136, 104, 200, config=config)
+  _run(136, 104, 72, config=config)
 
 
 @pytest.mark.parametrize(
@@ -408,16 +409,31 @@ def test_return_pre_has_no_race():
 
 
 @pytest.mark.parametrize(
-    "config",
+    "config,slope",
     [
-        GemmConfig(tile_m=128, tile_n=64, stages=3),
-        GemmConfig(tile_m=128, tile_n=64, stages=3, epilogue_tile=(64, 32)),
-        GemmConfig(tile_m=128, tile_n=128, stages=3, epilogue_tile=(64, 32)),
-        GemmConfig(tile_m=64, tile_n=128, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+        # Each chunking once, the residual added (None) or scaled by the activation's
+        # slope alternately: the slope applies wherever a chunk is loaded, so the pairs
+        # cover both with prefetched and late chunks, cooperative and pingpong.
+        pytest.param(GemmConfig(tile_m=128, tile_n=64, stages=3), None, id="None-one-chunk"),
+        pytest.param(
+            GemmConfig(tile_m=128, tile_n=64, stages=3, epilogue_tile=(64, 32)),
+            "gelu_tanh",
+            id="gelu_tanh-two-chunks",
+        ),
+        pytest.param(
+            GemmConfig(tile_m=128, tile_n=128, stages=3, epilogue_tile=(64, 32)),
+            None,
+            id="None-four-chunks",
+        ),
+        pytest.param(
+            GemmConfig(
+                tile_m=64, tile_n=128, schedule="pingpong", stages=4, epilogue_tile=(64, 32)
+            ),
+            "gelu_tanh",
+            id="gelu_tanh-pingpong-four-chunks",
+        ),
     ],
-    ids=["one-chunk", "two-chunks", "four-chunks", "pingpong-four-chunks"],
 )
-@pytest.mark.parametrize("slope", [None, "gelu_tanh"])
 def test_residual_chunks_prefetched_and_loaded_late(config, slope):
   """The first chunks of a tile's residual load with its vectors, the rest in the epilogue;
   several tiles per SM reuse the slots (3x3 tiles and more over the interpreter's SMs)."""

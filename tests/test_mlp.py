@@ -49,6 +49,17 @@ def _reference(activation, x, w_in, w_out, b_in, b_out, residual):
   return y + (0.0 if residual is None else residual)
 
 
+def _jit_vjp(fn, primals, cotangent):
+  """`fn`'s value and vjp at `primals`, compiled as one program (the float64 reference:
+  one compile per test instead of one per primitive)."""
+
+  def value_and_vjp(primals, cotangent):
+    y, vjp = jax.vjp(fn, *primals)
+    return y, vjp(cotangent)
+
+  return jax.jit(value_and_vjp)(primals, cotangent)
+
+
 def _rel(x, ref):
   x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
   return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
@@ -71,8 +82,7 @@ def _check(args, activation, implementation, dtype):
     ref_fn = lambda *vals: _reference(
         activation, **{**dict.fromkeys(args), **dict(zip(names, vals))}
     )
-    y_ref, vjp_ref = jax.vjp(ref_fn, *f64)
-    grads_ref = vjp_ref(jnp.asarray(np.asarray(cot, np.float64)))
+    y_ref, grads_ref = _jit_vjp(ref_fn, f64, jnp.asarray(np.asarray(cot, np.float64)))
   assert y.dtype == args["x"].dtype and y.shape == shape
   assert _rel(y, y_ref) < TOLERANCE[dtype.name], "output"
   for name, got, want in zip(names, grads, grads_ref):
@@ -80,8 +90,19 @@ def _check(args, activation, implementation, dtype):
     assert _rel(got, want) < TOLERANCE[dtype.name], name
 
 
-@pytest.mark.parametrize("activation", sorted(F64))
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+# Each activation once, the dtypes taking turns: the XLA path computes the epilogue and its
+# derivative in f32 whatever the operands' dtype, so the activation x dtype product repeats
+# itself; both dtypes' tolerances are still checked.
+XLA_CASES = [
+    pytest.param(activation, dtype, id=f"{dtype_id}-{activation}")
+    for activation, (dtype, dtype_id) in zip(
+        ["gelu_exact", "gelu_tanh", "relu", "sigmoid", "silu"],
+        [(jnp.bfloat16, "bf16"), (jnp.float16, "f16")] * 3,
+    )
+]
+
+
+@pytest.mark.parametrize("activation,dtype", XLA_CASES)
 def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
   _check(_arrays((3, 7), 24, 40, 16, jnp.dtype(dtype)), activation, "xla", jnp.dtype(dtype))
 
@@ -95,8 +116,8 @@ def test_without_biases_or_residual(biases, residual):
 @needs_transposes
 @pytest.mark.parametrize("activation", ["gelu_tanh", "relu"])
 def test_the_kernels_match_float64_in_interpret_mode(activation):
-  # 200 rows, 72 -> 136 -> 80: no dimension a multiple of a tile.
-  args = _arrays((200,), 72, 136, 80, jnp.dtype(jnp.bfloat16))
+  # 136 rows, 72 -> 72 -> 80: no dimension a multiple of a tile.
+  args = _arrays((136,), 72, 72, 80, jnp.dtype(jnp.bfloat16))
   _check(args, activation, "interpret", jnp.dtype(jnp.bfloat16))
 
 

@@ -27,7 +27,7 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
               "--iters",
               "1",
               "--decode",
-              "1,8",
+              "1",  # one decode size: each costs a forward compile per variant and model
               "--json",
               str(out),
           ]
@@ -47,7 +47,7 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
       # bf16 compute: the fused epilogue rounds once where XLA rounds twice.
       assert row["loss_max_diff"] < 2e-2, (arch, variant, row["loss_max_diff"])
       assert row["step_ms"] > 0 and row["tokens_per_s"] > 0
-      assert set(row["inference"]) == {"prefill", "decode1", "decode8"}
+      assert set(row["inference"]) == {"prefill", "decode1"}
   table = capsys.readouterr().out.splitlines()
   assert (
       table[-1].startswith("x XLA")
@@ -57,7 +57,10 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
 
 def test_cold_and_warm_compiles_run_in_fresh_processes(tmp_path):
   spec = models.SIZES["small"]
-  reports = harness.fresh_compiles(spec, ("xla", "fused"), str(tmp_path), log=lambda *_: None)
+  # One variant: the worker builds and compiles any variant alike (all three run in
+  # process above); each fresh process costs an interpreter start and a cold compile.
+  reports = harness.fresh_compiles(spec, ("fused",), str(tmp_path), log=lambda *_: None)
+  assert set(reports) == {"fused"}
   for variant, report in reports.items():
     assert set(report) == {"cold", "warm"}
     for kind in ("cold", "warm"):

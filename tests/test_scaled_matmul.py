@@ -9,7 +9,6 @@ the fp8 interpret tests are skipped and the same epilogue (scales + amax) is
 checked on bf16 operands in the NN layout.
 """
 
-import doctest
 import math
 
 import jax
@@ -18,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_gemm import GemmConfig, GemmProblem, _compat, fp8, scaled, scaled_matmul
+from pallas_gemm import GemmConfig, GemmProblem, _compat, scaled, scaled_matmul
 from pallas_gemm.gemm import epilogue_spec, kernel_gemm, gemm_problem
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
@@ -362,11 +361,6 @@ def test_bad_arguments(kwargs, error, match):
 def test_old_interpreter_rejects_fp8_instead_of_hanging():
   with pytest.raises(NotImplementedError, match="cannot run fp8"):
     scaled_matmul(_A, _B, 1.0, 1.0, out_dtype="bfloat16", implementation="interpret")
-
-
-@pytest.mark.parametrize("module", [fp8, scaled])
-def test_docstring_examples(module):
-  assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
 
 
 # -- Fp8Linear ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_docstring_examples():
   assert doctest.testmod(stream_k).failed == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(schedules)
 def test_every_k_step_of_every_tile_runs_once(s):
   covered = np.zeros((s.tiles, s.k_iters), int)
@@ -40,7 +40,7 @@ def test_every_k_step_of_every_tile_runs_once(s):
   assert (covered == 1).all()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(schedules)
 def test_ranges_are_balanced_and_waits_match_signals(s):
   lengths = [s.range_of(w)[1] for w in range(s.workers)]
