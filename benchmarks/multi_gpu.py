@@ -14,25 +14,40 @@ per shard, `pallas_gemm.sharding`), each against the same loss in float64 on the
                "model", w rows by "model"
   ragged     `ragged_dot` with rhs columns sharded (expert weights split by N)
   mlp        `flax.Linear` up (column-parallel) and down (row-parallel) projections, nnx
+  ag_matmul  `all_gather_matmul` (x rows sharded, w columns sharded; the gather overlapped)
+  matmul_rs  `matmul_reduce_scatter` (x columns sharded, w rows sharded; the scatter overlapped)
 Timing (CUPTI, all devices' kernels; medians of rounds interleaved): the column- and
 row-parallel GEMMs of a 16384 x 8192 x 2048-class layer, ours against XLA's sharded
 `jnp.dot` of the same sharded arrays (what `jax.jit` partitions itself), forward only.
+Then wall-clock per call (a loop of calls, one wait at the end; medians of interleaved
+rounds), since overlapped kernels on two streams cannot be summed: the tensor-parallel
+MLP block (d_model 8192, MLP 28672, 16k tokens; up column-parallel with tanh-GELU, down
+row-parallel) forward and backward, and its two GEMMs forward, each as
+  xla        XLA's sharded `jnp.dot`s (all-gather + GEMM, GEMM + reduce-scatter)
+  separate   our kernels per shard after `all_gather` / before `psum_scatter`
+  overlap    `all_gather_matmul` / `matmul_reduce_scatter` (and `overlap[N]`: N SMs left
+             to NCCL)
+with the all-gather and the reduce-scatter timed alone, and the share of them hidden:
+(separate - overlap) / collective.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 
 import jax
+from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import matmul, ragged_dot
+from pallas_gemm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 
 LAYOUTS = {  # x spec, w spec on the 1-D mesh "d"
     "data": (P("d", None), P(None, None)),
@@ -85,6 +100,30 @@ def check_layer(mesh, x_spec, w_spec, m, n, k, implementation) -> float:
     if not g.sharding.is_equivalent_to(arg.sharding, g.ndim):
       raise AssertionError(f"gradient sharding {g.sharding.spec} != {arg.sharding.spec}")
   return max([_rel(value, ref_value)] + [_rel(g, r) for g, r in zip(grads, ref_grads)])
+
+
+def check_collective(mesh, m, n, k, implementation) -> dict[str, float]:
+  """`all_gather_matmul` and `matmul_reduce_scatter` (bias + tanh-GELU): loss and all
+  gradients against float64, the gradients sharded like their arrays."""
+  x, w, bias = _normal((m, k), 9), _normal((k, n), 10, k**-0.5), _normal((n,), 11)
+  ref_value, ref_grads = _reference(x, w, bias)
+  errors = {}
+  for name, fn, specs in (
+      ("ag_matmul", all_gather_matmul, (P("d", None), P(None, "d"), P("d"))),
+      ("matmul_rs", matmul_reduce_scatter, (P(None, "d"), P("d", None), P())),
+  ):
+    args = [jax.device_put(v, NamedSharding(mesh, spec)) for v, spec in zip((x, w, bias), specs)]
+
+    def loss(x, w, bias, fn=fn):
+      y = fn(x, w, bias, axis_name="d", activation="gelu_tanh", implementation=implementation)
+      return jnp.mean(y.astype(jnp.float32) ** 2)
+
+    value, grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(*args)
+    for g, arg in zip(grads, args):
+      if not g.sharding.is_equivalent_to(arg.sharding, g.ndim):
+        raise AssertionError(f"{name}: gradient sharding {g.sharding.spec} != {arg.sharding.spec}")
+    errors[name] = max([_rel(value, ref_value)] + [_rel(g, r) for g, r in zip(grads, ref_grads)])
+  return errors
 
 
 def check_ragged(mesh, m, n, k, groups, implementation) -> float:
@@ -165,12 +204,133 @@ def time_layers(mesh, m, n, k, rounds, iterations):
   return rows
 
 
+def wall_ms(fn, args, iterations) -> float:
+  """Wall-clock ms per call of a loop of `iterations` calls with one wait at the end."""
+  import time
+
+  jax.block_until_ready(fn(*args))
+  start = time.perf_counter()
+  for _ in range(iterations):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return 1e3 * (time.perf_counter() - start) / iterations
+
+
+def tp_mlp_contenders(mesh, comm_sms):
+  """{name: (up, down)}: the column-parallel up projection with tanh-GELU and the
+  row-parallel down projection, each taking and returning sharded global arrays."""
+  d = "d"
+
+  def xla_up(x, w, b):
+    return jax.nn.gelu(
+        jnp.dot(x, w, out_sharding=NamedSharding(mesh, P(None, d))) + b, approximate=True
+    )
+
+  def xla_down(h, w, b):
+    return jnp.dot(h, w, out_sharding=NamedSharding(mesh, P(d, None))) + b
+
+  def sep_up(x, w, b):
+    f = lambda x, w, b: matmul(
+        lax.all_gather(x, d, axis=0, tiled=True), w, bias=b, activation="gelu_tanh"
+    )
+    return jax.shard_map(
+        f, mesh=mesh, in_specs=(P(d, None), P(None, d), P(d)), out_specs=P(None, d), check_vma=False
+    )(
+        x, w, b
+    )  # the transpose of all_gather: psum_scatter
+
+  def sep_down(h, w, b):
+    f = lambda h, w, b: lax.psum_scatter(matmul(h, w), d, scatter_dimension=0, tiled=True) + b
+    return jax.shard_map(
+        f, mesh=mesh, in_specs=(P(None, d), P(d, None), P()), out_specs=P(d, None), check_vma=False
+    )(h, w, b)
+
+  contenders = {"xla": (xla_up, xla_down), "separate": (sep_up, sep_down)}
+  for sms in sorted({0, *comm_sms}):
+    name = "overlap" if sms == 0 else f"overlap[{sms}]"
+    contenders[name] = (
+        lambda x, w, b, sms=sms: all_gather_matmul(
+            x, w, b, axis_name=d, activation="gelu_tanh", comm_sms=sms
+        ),
+        lambda h, w, b, sms=sms: matmul_reduce_scatter(h, w, b, axis_name=d, comm_sms=sms),
+    )
+  return contenders
+
+
+def time_tp_mlp(mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, breakdown=False):
+  """Wall ms of the TP MLP block (fwd+bwd) and of its GEMMs (fwd), and the collectives alone."""
+  sh = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+  x = sh(_normal((tokens, d_model), 12), P("d", None))
+  w_up = sh(_normal((d_model, hidden), 13, d_model**-0.5), P(None, "d"))
+  b_up = sh(_normal((hidden,), 14), P("d"))
+  w_down = sh(_normal((hidden, d_model), 15, hidden**-0.5), P("d", None))
+  b_down = sh(_normal((d_model,), 16), P())
+  h = sh(_normal((tokens, hidden), 17), P(None, "d"))
+  fns = {}
+  for name, (up, down) in tp_mlp_contenders(mesh, comm_sms).items():
+
+    def loss(x, w_up, b_up, w_down, b_down, up=up, down=down):
+      return jnp.mean(down(up(x, w_up, b_up), w_down, b_down).astype(jnp.float32) ** 2)
+
+    fns[f"block fwd+bwd {name}"] = (
+        jax.jit(jax.grad(loss, (0, 1, 2, 3, 4))),
+        (x, w_up, b_up, w_down, b_down),
+    )
+    fns[f"up fwd {name}"] = (jax.jit(up), (x, w_up, b_up))
+    fns[f"down fwd {name}"] = (jax.jit(down), (h, w_down, b_down))
+  gather = jax.shard_map(lambda x: lax.all_gather(x, "d", axis=0, tiled=True), mesh=mesh,
+                         in_specs=P("d", None), out_specs=P(None, None), check_vma=False)  # fmt: skip
+  scatter = jax.shard_map(lambda y: lax.psum_scatter(y, "d", scatter_dimension=0, tiled=True),
+                          mesh=mesh, in_specs=P("d", None), out_specs=P("d", None), check_vma=False)  # fmt: skip
+  y_partial = sh(_normal((tokens * len(mesh.devices.flat), d_model), 18), P("d", None))
+  gemm_up = jax.shard_map(lambda x, w, b: matmul(x, w, bias=b, activation="gelu_tanh"), mesh=mesh,
+                          in_specs=(P(), P(None, "d"), P("d")), out_specs=P(None, "d"))  # fmt: skip
+  gemm_down = jax.shard_map(lambda h, w: matmul(h, w), mesh=mesh, in_specs=(P(None, "d"), P("d", None)),
+                            out_specs=P("d", None))  # fmt: skip
+  fns["up gemm alone"] = (jax.jit(gemm_up), (sh(x, P()), w_up, b_up))
+  fns["down gemm alone"] = (jax.jit(gemm_down), (h, w_down))
+  fns["all_gather alone"] = (jax.jit(gather), (x,))
+  fns["reduce_scatter alone"] = (jax.jit(scatter), (y_partial,))
+  if breakdown:
+    from benchmarks.matmul import kernel_breakdown
+
+    for name in [n for n in fns if n.startswith("block")]:
+      fn, fn_args = fns[name]
+      kernels = kernel_breakdown(fn, fn_args, iterations=3)
+      print(
+          f"kernels of {name} (all devices, launch order), total {sum(t for _, t in kernels):.3f} ms:"
+      )
+      for kernel, ms in kernels:
+        print(f"  {ms:8.3f} ms  {kernel[:110]}")
+  samples = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, (fn, args) in fns.items():
+      samples[name].append(wall_ms(fn, args, iterations))
+  med = {name: statistics.median(t) for name, t in samples.items()}
+  for name, t in med.items():
+    print(f"wall {name:34s} {t:8.3f} ms", flush=True)
+  for part, coll in (("up", "all_gather"), ("down", "reduce_scatter")):
+    for name in med:
+      if name.startswith(f"{part} fwd overlap"):
+        hidden_share = (med[f"{part} fwd separate"] - med[name]) / med[f"{coll} alone"]
+        print(
+            f"hidden {part} {name.split()[-1]:12s} {100 * hidden_share:5.1f}% of {coll}", flush=True
+        )
+  return med
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--cpu-smoke", action="store_true", help="4 fake CPU devices, XLA path")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--json", default=None, help="write the results here")
+  parser.add_argument(
+      "--comm-sms", default="4,8", help="SMs left to NCCL in overlap[N], comma-separated"
+  )
+  parser.add_argument("--tokens", type=int, default=16384)
+  parser.add_argument("--breakdown", action="store_true", help="CUPTI kernels of each block step")
+  parser.add_argument("--skip-layers", action="store_true", help="only the collective GEMMs")
   args = parser.parse_args(argv)
   smoke = args.cpu_smoke or jax.default_backend() != "gpu"
   devices = jax.devices()
@@ -186,13 +346,19 @@ def main(argv=None):
       name: lambda x_spec=x_spec, w_spec=w_spec: check_layer(mesh, x_spec, w_spec, m, n, k, impl)
       for name, (x_spec, w_spec) in LAYOUTS.items()
   }
+  if args.skip_layers:
+    checks = {}
   if len(devices) >= 4 and len(devices) % 2 == 0:
     mesh2 = jax.make_mesh(
         (2, len(devices) // 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2
     )
     checks["2d"] = lambda: check_layer(mesh2, P("data", "model"), P("model", None), m, n, k, impl)
-  checks["ragged"] = lambda: check_ragged(mesh, m, n, k, 4, impl)
-  checks["mlp"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl)
+  if not args.skip_layers:
+    checks["ragged"] = lambda: check_ragged(mesh, m, n, k, 4, impl)
+    checks["mlp"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl)
+  collective = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl))
+  checks["ag_matmul"] = lambda: collective()["ag_matmul"]
+  checks["matmul_rs"] = lambda: collective()["matmul_rs"]
   results = {}
   for name, check in checks.items():
     try:
@@ -204,10 +370,25 @@ def main(argv=None):
       results[name] = float("inf")
       verdict = f"FAILED: {type(e).__name__}: {str(e)[:400]}"
     print(f"check {name:7s} {verdict}", flush=True)
-  timing = [] if smoke else time_layers(mesh, 16384, 8192, 2048, args.rounds, args.iterations)
+  timing, wall = [], {}
+  if not smoke:
+    if not args.skip_layers:
+      timing = time_layers(mesh, 16384, 8192, 2048, args.rounds, args.iterations)
+    wall = time_tp_mlp(
+        mesh,
+        args.tokens,
+        8192,
+        28672,
+        args.rounds,
+        args.iterations,
+        [int(v) for v in args.comm_sms.split(",") if v],
+        args.breakdown,
+    )
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(dict(devices=len(devices), checks=results, timing=timing), f, indent=1)
+      json.dump(
+          dict(devices=len(devices), checks=results, timing=timing, wall_ms=wall), f, indent=1
+      )
   # (inf, a failed check, is written as Infinity)
   return 0 if all(err < TOLERANCE for err in results.values()) else 1
 

@@ -197,3 +197,18 @@ def saved_residuals(f, *args) -> list:
   from jax._src import ad_checkpoint
 
   return ad_checkpoint.saved_residuals(f, *args)
+
+
+def varying_axes(x) -> frozenset:
+  """The manual mesh axes along which `x` varies inside `shard_map` (its type's
+  `manual_axis_type.varying` from 0.11, `vma` on 0.10)."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def vary_like(x, axes: frozenset):
+  """`x` marked varying along `axes` it is not yet varying along (a kernel's output
+  inside `shard_map` carries no axes; a custom_vjp gradient must match its primal's)."""
+  missing = tuple(sorted(axes - varying_axes(x)))
+  return jax.lax.pcast(x, missing, to="varying") if missing else x

@@ -164,10 +164,12 @@ class _Grad:
   shape: tuple[int, ...]
   dtype: str
   spec: tuple | None
+  varying: frozenset = frozenset()
+  """Inside `shard_map`: the manual axes the primal varies along."""
 
   @classmethod
   def of(cls, x):
-    return cls(x.shape, x.dtype.name, sharding.explicit_spec(x))
+    return cls(x.shape, x.dtype.name, sharding.explicit_spec(x), _compat.varying_axes(x))
 
 
 @jax.tree_util.register_static
@@ -340,5 +342,5 @@ def _sum_leading(x, grad):
 
 
 def _cast(x, grad):
-  """`x` in the dtype and sharding `grad` wants."""
-  return sharding.reshard(x.astype(grad.dtype), grad.spec)
+  """`x` in the dtype and sharding (or `shard_map` varying axes) `grad` wants."""
+  return _compat.vary_like(sharding.reshard(x.astype(grad.dtype), grad.spec), grad.varying)

@@ -10,10 +10,6 @@ run): jax's Mosaic GPU interpreter is not safe with several devices executing
 at once (it asserts "Barrier remains allocated" at random).
 """
 
-import os
-import subprocess
-import sys
-
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax.numpy as jnp
@@ -22,47 +18,14 @@ import pytest
 
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.dot import make_dot_general
+from tests import fake_devices
 
 DEVICES = 4
-HAS_DEVICES = jax.device_count() >= DEVICES
-needs_devices = pytest.mark.skipif(
-    not HAS_DEVICES, reason=f"needs {DEVICES} devices: run by test_on_four_fake_cpu_devices"
-)
+needs_devices = fake_devices.needs(DEVICES)
 
 
 def test_on_four_fake_cpu_devices():
-  if HAS_DEVICES:
-    pytest.skip("this process has the devices: the tests ran in it")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(
-      os.environ,
-      JAX_PLATFORMS="cpu",
-      XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
-      f"--xla_force_host_platform_device_count={DEVICES}",
-      PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-  )
-  child = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "pytest",
-          os.path.abspath(__file__),
-          "-q",
-          "-p",
-          "no:cacheprovider",
-          "-o",
-          "addopts=",
-          "-k",
-          "not test_on_four_fake_cpu_devices",
-      ],
-      cwd=root,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
-  assert " passed" in child.stdout, child.stdout[-2000:]
+  fake_devices.rerun_with(__file__, DEVICES, "test_on_four_fake_cpu_devices")
 
 
 def _mesh(kind=AxisType.Explicit):
@@ -267,3 +230,22 @@ def test_ragged_kernel_runs_per_shard_when_lowered_for_cuda(k_sharded):
   # N by "data" and K by "model" (summed) or N by "model" alone
   assert module.count("stablehlo.all_reduce") == (1 if k_sharded else 0)
   assert out.sharding.spec == P(None, "data" if k_sharded else "model")
+
+
+@needs_devices
+def test_kernel_gradients_inside_a_users_shard_map_keep_their_varying_axes():
+  # A kernel's output carries no varying axes; the custom_vjp's gradients must match
+  # their primals' (jax rejects the bwd rule otherwise). Lowered for CUDA, not run.
+  mesh = jax.make_mesh((DEVICES,), ("d",), axis_types=(AxisType.Auto,))
+
+  def local(h, w, b):
+    y = matmul(h, w, implementation="pallas")
+    return jax.lax.psum_scatter(y, "d", scatter_dimension=0, tiled=True) + b
+
+  def loss(h, w, b):
+    specs = (P(None, "d"), P("d", None), P())
+    return jnp.sum(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("d", None))(h, w, b))
+
+  sds = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 512), (512, 256), (256,))]
+  exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(*sds)
+  assert "mosaic_gpu" in exported.mlir_module()

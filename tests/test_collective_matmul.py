@@ -1,0 +1,159 @@
+"""all_gather_matmul and matmul_reduce_scatter on 2 and 4 fake CPU devices (XLA path).
+
+Values and gradients against float64 on the host, at extents that are not multiples
+of a tile; the sharding of results and gradients; the kernel path lowered for CUDA
+(not run: jax's GPU interpreter is not safe with several devices executing at once).
+"""
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_gemm import collective_matmul as cm
+from pallas_gemm.batching import GemmCall
+from tests import fake_devices
+
+DEVICES = 4
+needs_devices = fake_devices.needs(DEVICES)
+LAYOUTS = {  # x, w, bias specs over the ring axis "tp"
+    "all_gather_matmul": (P("tp", None), P(None, "tp"), P("tp")),
+    "matmul_reduce_scatter": (P(None, "tp"), P("tp", None), P()),
+}
+
+
+def test_on_four_fake_cpu_devices():
+  fake_devices.rerun_with(__file__, DEVICES, "test_on_four_fake_cpu_devices")
+
+
+def _mesh(size):
+  return jax.make_mesh(
+      (size,), ("tp",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:size]
+  )
+
+
+def _rel(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+@needs_devices
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_value_and_gradients_match_float64(name, activation, size):
+  m, k, n = 24, 40, 36
+  rng = np.random.default_rng(size)
+  x, w, bias = (
+      rng.standard_normal((m, k)),
+      rng.standard_normal((k, n)) * k**-0.5,
+      rng.standard_normal(n),
+  )
+  y_of = {None: lambda t: t, "gelu_tanh": lambda t: jax.nn.gelu(t, approximate=True)}[activation]
+  with jax.enable_x64(True):
+    ref_y = y_of(jnp.asarray(x) @ w + bias)
+    ref_grads = jax.grad(lambda *v: jnp.mean(y_of(v[0] @ v[1] + v[2]) ** 2), (0, 1, 2))(x, w, bias)
+  mesh = _mesh(size)
+  args = [
+      jax.device_put(jnp.asarray(v, jnp.float32), NamedSharding(mesh, spec))
+      for v, spec in zip((x, w, bias), LAYOUTS[name])
+  ]
+  fn = getattr(cm, name)
+  f = lambda x, w, b: fn(x, w, b, axis_name="tp", activation=activation, implementation="xla")
+  y = jax.jit(f)(*args)
+  grads = jax.jit(jax.grad(lambda *v: jnp.mean(f(*v) ** 2), (0, 1, 2)))(*args)
+  assert _rel(y, ref_y) < 1e-5
+  out_spec = P(None, "tp") if name == "all_gather_matmul" else P("tp", None)
+  assert y.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2)
+  for g, r, arg in zip(grads, ref_grads, args):
+    assert _rel(g, r) < 1e-5
+    assert g.sharding.is_equivalent_to(arg.sharding, g.ndim)
+
+
+@needs_devices
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_16_bit_operands_with_an_f32_output_and_no_bias(name):
+  m, k, n = 16, 24, 20
+  rng = np.random.default_rng(7)
+  x, w = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+  mesh = _mesh(2)
+  specs = LAYOUTS[name]
+  xs, ws = (
+      jax.device_put(jnp.asarray(v, jnp.bfloat16), NamedSharding(mesh, s))
+      for v, s in zip((x, w), specs)
+  )
+  y = jax.jit(lambda x, w: getattr(cm, name)(x, w, axis_name="tp", out_dtype=jnp.float32,
+                                             implementation="xla"))(xs, ws)  # fmt: skip
+  assert y.dtype == jnp.float32
+  ref = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) @ np.asarray(
+      jnp.asarray(w, jnp.bfloat16), np.float64
+  )
+  assert _rel(y, ref) < 1e-2
+
+
+@needs_devices
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_kernel_path_lowers_for_cuda_with_sms_left_to_the_collective(name):
+  mesh = _mesh(2)
+  sds = [
+      jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+      for shape, spec in zip(((512, 256), (256, 384), (384,)), LAYOUTS[name])
+  ]
+  fn = getattr(cm, name)
+
+  def loss(x, w, b):
+    y = fn(x, w, b, axis_name="tp", activation="gelu_tanh", implementation="pallas", comm_sms=8)
+    return jnp.mean(y.astype(jnp.float32) ** 2)
+
+  with jax.set_mesh(mesh):
+    text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
+        *sds
+    ).mlir_module()
+  assert text.count("collective_permute") >= 2  # a ring each way: forward and backward
+  assert "mosaic_gpu" in text
+
+
+def test_a_ring_step_leaves_comm_sms_to_the_collective():
+  ring = cm.Ring(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="pallas"), 8)
+  call = ring.step_call(ring.call, 4096, 4096, 4096, jnp.bfloat16)
+  sms = (cm._compat.device_sm_count() or cm.heuristics.DEFAULT_NUM_SMS) - 8
+  assert call.config.num_sms == sms - sms % call.config.cluster_size
+  xla = cm.Ring(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="xla"), 8)
+  assert xla.step_call(xla.call, 64, 64, 64, jnp.bfloat16).config is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(axis_name="nope"), "axis_name 'nope' must name an Explicit axis"),
+        (dict(axis_name="tp", implementation="cuda"), "implementation must be one of"),
+        (dict(axis_name="tp", comm_sms=-1), "comm_sms must be an int >= 0"),
+        (dict(axis_name="tp", w_shape=(5, 8)), "x's columns (4) must equal w's rows (5)"),
+        (dict(axis_name="tp", bias_shape=(3,)), "bias must have shape (8,)"),
+        (dict(axis_name="tp", x_shape=(4,)), "x and w must be 2-D"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+  mesh = _mesh(1)
+  x_shape, w_shape = kwargs.pop("x_shape", (6, 4)), kwargs.pop("w_shape", (4, 8))
+  bias_shape = kwargs.pop("bias_shape", None)
+  put = lambda shape: jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(mesh, P()))
+  bias = None if bias_shape is None else put(bias_shape)
+  for fn in (cm.all_gather_matmul, cm.matmul_reduce_scatter):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+      fn(put(x_shape), put(w_shape), bias, **{"implementation": "xla", **kwargs})
+
+
+@needs_devices
+def test_rows_that_do_not_divide_by_the_ring_are_named():
+  mesh = _mesh(2)
+  put = lambda shape: jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(mesh, P()))
+  for fn in (cm.all_gather_matmul, cm.matmul_reduce_scatter):
+    with pytest.raises(ValueError, match=r"x's rows \(5\) must divide by the size of 'tp' \(2\)"):
+      fn(put((5, 4)), put((4, 8)), axis_name="tp", implementation="xla")
+
+
+def test_operands_off_any_explicit_mesh_are_rejected():
+  with pytest.raises(ValueError, match="must name an Explicit axis"):
+    cm.all_gather_matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), axis_name="tp", implementation="xla")
