@@ -14,8 +14,8 @@ per shard, `pallas_gemm.sharding`), each against the same loss in float64 on the
                "model", w rows by "model"
   ragged     `ragged_dot` with rhs columns sharded (expert weights split by N)
   mlp        `flax.Linear` up (column-parallel) and down (row-parallel) projections, nnx
-  ag_matmul  `all_gather_matmul` (x rows sharded, w columns sharded; the gather overlapped)
-  matmul_rs  `matmul_reduce_scatter` (x columns sharded, w rows sharded; the scatter overlapped)
+  ag_matmul  `all_gather_matmul` (x rows sharded, w columns sharded)
+  matmul_rs  `matmul_reduce_scatter` (x columns sharded, w rows sharded)
 Timing (CUPTI, all devices' kernels; medians of rounds interleaved): the column- and
 row-parallel GEMMs of a 16384 x 8192 x 2048-class layer, ours against XLA's sharded
 `jnp.dot` of the same sharded arrays (what `jax.jit` partitions itself), forward only.
@@ -25,10 +25,10 @@ MLP block (d_model 8192, MLP 28672, 16k tokens; up column-parallel with tanh-GEL
 row-parallel) forward and backward, and its two GEMMs forward, each as
   xla        XLA's sharded `jnp.dot`s (all-gather + GEMM, GEMM + reduce-scatter)
   separate   our kernels per shard after `all_gather` / before `psum_scatter`
-  overlap    `all_gather_matmul` / `matmul_reduce_scatter` (and `overlap[N]`: N SMs left
-             to NCCL)
+  bulk       `all_gather_matmul` / `matmul_reduce_scatter`, schedule "bulk"
+  ring       the same, schedule "ring" (`ring[N]`: N SMs left to NCCL)
 with the all-gather and the reduce-scatter timed alone, and the share of them hidden:
-(separate - overlap) / collective.
+(separate - contender) / collective.
 """
 
 from __future__ import annotations
@@ -233,11 +233,9 @@ def tp_mlp_contenders(mesh, comm_sms):
     f = lambda x, w, b: matmul(
         lax.all_gather(x, d, axis=0, tiled=True), w, bias=b, activation="gelu_tanh"
     )
-    return jax.shard_map(
-        f, mesh=mesh, in_specs=(P(d, None), P(None, d), P(d)), out_specs=P(None, d), check_vma=False
-    )(
-        x, w, b
-    )  # the transpose of all_gather: psum_scatter
+    specs = dict(in_specs=(P(d, None), P(None, d), P(d)), out_specs=P(None, d))
+    # check_vma=False: all_gather's transpose is then a psum_scatter (with it, a psum)
+    return jax.shard_map(f, mesh=mesh, check_vma=False, **specs)(x, w, b)
 
   def sep_down(h, w, b):
     f = lambda h, w, b: lax.psum_scatter(matmul(h, w), d, scatter_dimension=0, tiled=True) + b
@@ -246,13 +244,12 @@ def tp_mlp_contenders(mesh, comm_sms):
     )(h, w, b)
 
   contenders = {"xla": (xla_up, xla_down), "separate": (sep_up, sep_down)}
-  for sms in sorted({0, *comm_sms}):
-    name = "overlap" if sms == 0 else f"overlap[{sms}]"
+  for schedule, sms in [("bulk", 0)] + [("ring", sms) for sms in sorted({0, *comm_sms})]:
+    name = schedule if sms == 0 else f"{schedule}[{sms}]"
+    kw = dict(axis_name=d, schedule=schedule, comm_sms=sms)
     contenders[name] = (
-        lambda x, w, b, sms=sms: all_gather_matmul(
-            x, w, b, axis_name=d, activation="gelu_tanh", comm_sms=sms
-        ),
-        lambda h, w, b, sms=sms: matmul_reduce_scatter(h, w, b, axis_name=d, comm_sms=sms),
+        lambda x, w, b, kw=kw: all_gather_matmul(x, w, b, activation="gelu_tanh", **kw),
+        lambda h, w, b, kw=kw: matmul_reduce_scatter(h, w, b, **kw),
     )
   return contenders
 
@@ -311,7 +308,7 @@ def time_tp_mlp(mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, bre
     print(f"wall {name:34s} {t:8.3f} ms", flush=True)
   for part, coll in (("up", "all_gather"), ("down", "reduce_scatter")):
     for name in med:
-      if name.startswith(f"{part} fwd overlap"):
+      if name.startswith((f"{part} fwd ring", f"{part} fwd bulk")):
         hidden_share = (med[f"{part} fwd separate"] - med[name]) / med[f"{coll} alone"]
         print(
             f"hidden {part} {name.split()[-1]:12s} {100 * hidden_share:5.1f}% of {coll}", flush=True
@@ -326,7 +323,7 @@ def main(argv=None):
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--json", default=None, help="write the results here")
   parser.add_argument(
-      "--comm-sms", default="4,8", help="SMs left to NCCL in overlap[N], comma-separated"
+      "--comm-sms", default="4,8", help="SMs left to NCCL in ring[N], comma-separated"
   )
   parser.add_argument("--tokens", type=int, default=16384)
   parser.add_argument("--breakdown", action="store_true", help="CUPTI kernels of each block step")

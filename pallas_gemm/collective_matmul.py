@@ -1,12 +1,7 @@
-"""Tensor-parallel GEMMs with their collective hidden behind the multiply.
+"""Tensor-parallel GEMMs with their collective: all-gather-matmul and matmul-reduce-scatter.
 
 A column-parallel layer all-gathers its activation rows before the GEMM; a row-parallel
-layer reduce-scatters its partial products after it. Done one after the other, the
-collective's time adds to the GEMM's. Here both are rings of `n` steps over one mesh
-axis of `n` devices: each step multiplies one row chunk while `lax.ppermute` moves
-another to the neighbour, so the transfers run during the GEMMs (XLA issues the
-collective-permute asynchronously on its own stream; the GEMM of a step does not wait
-on the transfer started beside it).
+layer reduce-scatters its partial products after it:
 
   all_gather_matmul(x, w)      all_gather(x rows) @ w        x: (M, K) rows sharded,
                                                               w: (K, N) columns sharded
@@ -16,13 +11,20 @@ on the transfer started beside it).
                                                               -> (M, N) rows sharded
 
 Each is the other's backward (the gradient of a gather is a reduce-scatter), and both
-are differentiable in x, w and bias. The epilogue (bias, activation) of the gather runs
-fused in every step's kernel; the reduce-scatter's runs once on the summed rows, in the
-same XLA pass that adds the last partial. Partial sums travel in the output dtype when
-it has 16 bits, as XLA's own reduce-scatter does.
+are differentiable in x, w and bias: the backward keeps the gathered rows and runs one
+weight-gradient GEMM over them. The gather's epilogue (bias, activation) runs in its
+kernel; the reduce-scatter's runs once on the summed rows, in one XLA pass. Partial sums
+travel in the output dtype when it has 16 bits, as XLA's own reduce-scatter does.
 
-`comm_sms` leaves SMs free of the persistent GEMM for NCCL's kernels: with every SM
-held, a transfer's kernel cannot start until the GEMM has finished.
+Two schedules of the collective against the GEMM:
+  "bulk"  one NCCL all-gather (or reduce-scatter) and one GEMM over all rows: the default.
+  "ring"  `size` steps over one mesh axis of `size` devices: each step multiplies one
+          row chunk while `lax.ppermute` moves another to the neighbour. XLA issues the
+          permutes asynchronously around the GEMMs, but on jax 0.11.2 the transfers did
+          not overlap them, with our kernel or with cuBLAS (2 x H200, NOTES exp. 69), so
+          the ring costs its extra passes and wins nothing there; it is kept, measured,
+          for stacks that overlap it. `comm_sms` leaves SMs free of the ring's
+          persistent GEMMs for NCCL's kernels.
 
 >>> import jax, jax.numpy as jnp
 >>> from jax.sharding import AxisType, PartitionSpec as P
@@ -53,18 +55,22 @@ from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import GemmProblem
 from pallas_gemm.gemm import IMPLEMENTATIONS
 
+SCHEDULES = ("bulk", "ring")
+
 
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
-class Ring:
-  """One ring over mesh axis `axis` of `size` devices, and the GEMM of its steps."""
+class Collective:
+  """The collective of one layer over mesh axis `axis` (`size` devices), how it is
+  scheduled against the GEMM, and the layer's GEMM."""
 
   mesh: jax.sharding.AbstractMesh | jax.sharding.Mesh
   axis: str
   size: int
   call: GemmCall
-  """The step GEMM: `out_dtype`, implementation, epilogue (activation) of the layer."""
-  comm_sms: int
+  """The layer's GEMM: `out_dtype`, implementation, epilogue (activation)."""
+  schedule: str = "bulk"
+  comm_sms: int = 0
 
   def shard_map(self, fn, in_specs, out_specs):
     return jax.shard_map(
@@ -86,86 +92,99 @@ class Ring:
     return dataclasses.replace(call, config=dataclasses.replace(config, num_sms=sms))
 
   def gather(self, x, step):
-    """[step(chunk) for each device's `x`], in ring order: at step s, device d holds
-    device (d + s) % size's chunk, sent on before it is multiplied."""
+    """(step(all_gather(x)) as a tuple of outputs, all_gather(x)), rows in device order.
+
+    "ring": `size` steps; at step s device d multiplies device (d + s) % size's rows,
+    which it sent on to d - 1 before multiplying them."""
+    as_tuple = lambda r: r if isinstance(r, tuple) else (r,)
+    if self.schedule == "bulk":
+      rows = lax.all_gather(x, self.axis, axis=0, tiled=True)
+      return as_tuple(step(rows)), rows
     left = [(i, (i - 1) % self.size) for i in range(self.size)]
     results, chunks = [], []
     for s in range(self.size):
       following = lax.ppermute(x, self.axis, left) if s < self.size - 1 else None
-      results.append(step(x))
+      results.append(as_tuple(step(x)))
       chunks.append(x)
       x = following
-    return results, chunks
+    outputs = tuple(self._device_order(list(r)) for r in zip(*results))
+    return outputs, self._device_order(chunks)
 
   def reduce(self, rows, partial):
-    """Device d's chunk of sum over devices of partial(chunk) for each row chunk of `rows`
-    (leading dim `size`): a partial sum travels right, each device adding its product."""
+    """This device's rows of the sum over devices of partial(rows).
+
+    "ring": one row chunk a step; a chunk's partial sum travels right, each device
+    adding its product, and arrives complete at the chunk's device."""
+    if self.schedule == "bulk":
+      return lax.psum_scatter(partial(rows), self.axis, scatter_dimension=0, tiled=True)
+    chunks = rows.reshape(self.size, -1, rows.shape[-1])
     right = [(i, (i + 1) % self.size) for i in range(self.size)]
     here = lax.axis_index(self.axis)
     acc = None
     for s in range(self.size):
-      chunk = lax.dynamic_index_in_dim(rows, (here - s - 1) % self.size, keepdims=False)
+      chunk = lax.dynamic_index_in_dim(chunks, (here - s - 1) % self.size, keepdims=False)
       product = partial(chunk)
       acc = product if acc is None else acc + product.astype(acc.dtype)
       if s < self.size - 1:
         acc = lax.ppermute(acc, self.axis, right)
     return acc
 
-  def device_order(self, chunks):
-    """Ring-ordered chunks (list, or leading dim `size`) as rows in device order."""
-    stacked = jnp.stack(chunks) if isinstance(chunks, list) else chunks
+  def _device_order(self, chunks):
+    """The ring's chunks (step s: device (d + s) % size's) as rows in device order."""
     order = (jnp.arange(self.size) - lax.axis_index(self.axis)) % self.size
-    taken = jnp.take(stacked, order, axis=0)
+    taken = jnp.take(jnp.stack(chunks), order, axis=0)
     return taken.reshape(-1, *taken.shape[2:])
-
-  def ring_order(self, rows):
-    """Rows in device order as (size, rows / size, ...) chunks in this device's ring order."""
-    chunks = rows.reshape(self.size, -1, *rows.shape[1:])
-    order = (jnp.arange(self.size) + lax.axis_index(self.axis)) % self.size
-    return jnp.take(chunks, order, axis=0)
 
 
 def all_gather_matmul(
     x, w, bias=None, *, axis_name: str, activation=None, out_dtype=None,
-    implementation: str | None = None, comm_sms: int = 0,
+    implementation: str | None = None, schedule: str = "bulk", comm_sms: int = 0,
 ):  # fmt: skip
-  """act(all_gather(x) @ w + bias) with the gather of x's rows hidden behind the GEMM.
+  """act(all_gather(x) @ w + bias): a column-parallel layer.
 
   x: (M, K) with rows sharded over `axis_name`; w: (K, N) and bias (N,) with columns
-  sharded over it (a column-parallel layer). Arrays on a mesh with Explicit axes (or
-  under `jax.set_mesh`); others are resharded to these specs first. Returns (M, N)
-  with columns sharded. See the module doc.
+  sharded over it. Arrays on a mesh with Explicit axes (or under `jax.set_mesh`);
+  others are resharded to these specs first. Returns (M, N) with columns sharded.
+  `schedule`: "bulk" or "ring" (see the module doc).
   """
-  ring = _ring(x, w, bias, axis_name, activation, out_dtype, implementation, comm_sms)
-  x = sharding.reshard(x, ((axis_name,), ()), ring.mesh)
-  w = sharding.reshard(w, ((), (axis_name,)), ring.mesh)
+  layer = _collective(
+      x, w, bias, axis_name, activation, out_dtype, implementation, schedule, comm_sms
+  )
+  x = sharding.reshard(x, ((axis_name,), ()), layer.mesh)
+  w = sharding.reshard(w, ((), (axis_name,)), layer.mesh)
   if bias is not None:
-    bias = sharding.reshard(bias, ((axis_name,),), ring.mesh)
-  return _all_gather_matmul(ring, x, w, bias)
+    bias = sharding.reshard(bias, ((axis_name,),), layer.mesh)
+  return _all_gather_matmul(layer, x, w, bias)
 
 
 def matmul_reduce_scatter(
     x, w, bias=None, *, axis_name: str, activation=None, out_dtype=None,
-    implementation: str | None = None, comm_sms: int = 0,
+    implementation: str | None = None, schedule: str = "bulk", comm_sms: int = 0,
 ):  # fmt: skip
-  """act(reduce_scatter(x @ w) + bias), the scatter over rows hidden behind the GEMM.
+  """act(reduce_scatter(x @ w) + bias), scattered over rows: a row-parallel layer.
 
-  x: (M, K) with columns sharded over `axis_name`; w: (K, N) with rows sharded over it
-  (a row-parallel layer); bias (N,) replicated. Returns (M, N) with rows sharded.
-  See the module doc.
+  x: (M, K) with columns sharded over `axis_name`; w: (K, N) with rows sharded over
+  it; bias (N,) replicated. Returns (M, N) with rows sharded. `schedule`: "bulk" or
+  "ring" (see the module doc).
   """
-  ring = _ring(x, w, bias, axis_name, activation, out_dtype, implementation, comm_sms)
-  x = sharding.reshard(x, ((), (axis_name,)), ring.mesh)
-  w = sharding.reshard(w, ((axis_name,), ()), ring.mesh)
+  layer = _collective(
+      x, w, bias, axis_name, activation, out_dtype, implementation, schedule, comm_sms
+  )
+  x = sharding.reshard(x, ((), (axis_name,)), layer.mesh)
+  w = sharding.reshard(w, ((axis_name,), ()), layer.mesh)
   if bias is not None:
-    bias = sharding.reshard(bias, ((),), ring.mesh)
-  return _matmul_reduce_scatter(ring, x, w, bias)
+    bias = sharding.reshard(bias, ((),), layer.mesh)
+  return _matmul_reduce_scatter(layer, x, w, bias)
 
 
-def _ring(x, w, bias, axis_name, activation, out_dtype, implementation, comm_sms) -> Ring:
-  """The checked arguments as a `Ring`."""
+def _collective(
+    x, w, bias, axis_name, activation, out_dtype, implementation, schedule, comm_sms
+) -> Collective:
+  """The checked arguments as a `Collective`."""
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
   x, w = jnp.asarray(x), jnp.asarray(w)
   if x.ndim != 2 or w.ndim != 2:
     raise ValueError(f"x and w must be 2-D (M, K) and (K, N), got {x.shape} and {w.shape}")
@@ -191,7 +210,7 @@ def _ring(x, w, bias, axis_name, activation, out_dtype, implementation, comm_sms
   size = mesh.shape[axis_name]
   if x.shape[0] % size:
     raise ValueError(f"x's rows ({x.shape[0]}) must divide by the size of {axis_name!r} ({size})")
-  return Ring(mesh, axis_name, size, call, comm_sms)
+  return Collective(mesh, axis_name, size, call, schedule, comm_sms)
 
 
 def _partial_dtype(call):
@@ -208,72 +227,78 @@ def _epilogue_grad(call, pre, g, dtype):
   return vjp(g.astype(jnp.float32))[0].astype(dtype)
 
 
+def _rows(layer, total_rows):
+  """Rows of one device's chunk (a ring step's GEMM) or of all (a bulk GEMM)."""
+  return total_rows // layer.size if layer.schedule == "ring" else total_rows
+
+
+def _operands(*arrays):
+  """The arrays that are not None (shard_map takes no None)."""
+  return tuple(a for a in arrays if a is not None)
+
+
 # all_gather_matmul -------------------------------------------------------------------
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _all_gather_matmul(ring, x, w, bias):
-  return _ag_forward(ring, x, w, bias)[0]
+def _all_gather_matmul(layer, x, w, bias):
+  return _ag_forward(layer, x, w, bias)[0]
 
 
-def _ag_forward(ring, x, w, bias):
-  """(out, pre or None, x's chunks in each device's ring order)."""
-  a = ring.axis
-  m, k = x.shape[0] // ring.size, x.shape[1]
-  call = ring.step_call(
-      dataclasses.replace(ring.call, return_pre=ring.call.nonlinear),
-      m, w.shape[1] // ring.size, k, x.dtype, has_bias=bias is not None,
+def _ag_forward(layer, x, w, bias):
+  """(out, pre or None, all_gather(x))."""
+  a = layer.axis
+  call = layer.step_call(
+      dataclasses.replace(layer.call, return_pre=layer.call.nonlinear),
+      _rows(layer, x.shape[0]), w.shape[1] // layer.size, x.shape[1], x.dtype,
+      has_bias=bias is not None,
   )  # fmt: skip
 
   def local(x, w, *bias):
-    step = lambda chunk: batching.gemm(call, chunk, w, bias=bias[0] if bias else None)
-    results, chunks = ring.gather(x, step)
-    if call.return_pre:
-      out, pre = (ring.device_order([r[i] for r in results]) for i in (0, 1))
-    else:
-      out, pre = ring.device_order(results), jnp.zeros((0,), x.dtype)
-    return out, pre, jnp.concatenate(chunks)
+    step = lambda rows: batching.gemm(call, rows, w, bias=bias[0] if bias else None)
+    outputs, rows = layer.gather(x, step)
+    pre = outputs[1] if call.return_pre else jnp.zeros((0,), x.dtype)
+    return outputs[0], pre, rows
 
   specs = (P(a, None), P(None, a)) + ((P(a),) if bias is not None else ())
   pre_spec = P(None, a) if call.return_pre else P()
-  out, pre, chunks = ring.shard_map(local, specs, (P(None, a), pre_spec, P(a, None)))(
-      x, w, *(() if bias is None else (bias,))
+  out, pre, rows = layer.shard_map(local, specs, (P(None, a), pre_spec, P()))(
+      x, w, *_operands(bias)
   )
-  return out, (pre if call.return_pre else None), chunks
+  return out, (pre if call.return_pre else None), rows
 
 
-def _ag_fwd(ring, x, w, bias):
-  out, pre, chunks = _ag_forward(ring, x, w, bias)
-  return out, (pre, chunks, w, bias)
+def _ag_fwd(layer, x, w, bias):
+  out, pre, rows = _ag_forward(layer, x, w, bias)
+  return out, (pre, rows, w, bias)
 
 
-def _ag_bwd(ring, saved, g):
-  pre, chunks, w, bias = saved
-  a = ring.axis
+def _ag_bwd(layer, saved, g):
+  pre, rows, w, bias = saved
+  a = layer.axis
   dtype = w.dtype
-  m, k, n_local = chunks.shape[0] // ring.size**2, w.shape[0], w.shape[1] // ring.size
-  dx_call = ring.step_call(
-      GemmCall(out_dtype=_partial_dtype(ring.call), implementation=ring.call.implementation,
+  k, n_local = w.shape[0], w.shape[1] // layer.size
+  dx_call = layer.step_call(
+      GemmCall(out_dtype=_partial_dtype(layer.call), implementation=layer.call.implementation,
                transpose_b=True),
-      m, k, n_local, dtype,
+      _rows(layer, rows.shape[0]), k, n_local, dtype,
   )  # fmt: skip
   dw_call = GemmCall(
-      out_dtype=dtype.name, implementation=ring.call.implementation, transpose_a=True
+      out_dtype=dtype.name, implementation=layer.call.implementation, transpose_a=True
   )
 
-  def local(g, pre, chunks, w):
-    d_acc = _epilogue_grad(ring.call, pre if ring.call.nonlinear else None, g, dtype)
-    rows = d_acc.reshape(ring.size, m, n_local)
-    dx = ring.reduce(rows, lambda chunk: batching.gemm(dx_call, chunk, w))
-    dw = batching.gemm(dw_call, chunks, ring.ring_order(d_acc).reshape(-1, n_local))
+  def local(g, pre, rows, w):
+    d_acc = _epilogue_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
+    dx = layer.reduce(d_acc, lambda d: batching.gemm(dx_call, d, w))
+    dw = batching.gemm(dw_call, rows, d_acc)
     db = jnp.sum(d_acc, axis=0, dtype=jnp.float32).astype(dtype if bias is None else bias.dtype)
-    return dx.astype(chunks.dtype), dw, db
+    return dx.astype(rows.dtype), dw, db
 
   pre = jnp.zeros((0,), g.dtype) if pre is None else pre
-  pre_spec = P(None, a) if ring.call.nonlinear else P()
-  dx, dw, db = ring.shard_map(
-      local, (P(None, a), pre_spec, P(a, None), P(None, a)), (P(a, None), P(None, a), P(a))
-  )(g, pre, chunks, w)
+  pre_spec = P(None, a) if layer.call.nonlinear else P()
+  dx, dw, db = layer.shard_map(
+      local, (P(None, a), pre_spec, P(), P(None, a)), (P(a, None), P(None, a), P(a))
+  )(g, pre, rows, w)
   return dx, dw, None if bias is None else db
 
 
@@ -284,60 +309,58 @@ _all_gather_matmul.defvjp(_ag_fwd, _ag_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _matmul_reduce_scatter(ring, x, w, bias):
-  return _rs_forward(ring, x, w, bias)[0]
+def _matmul_reduce_scatter(layer, x, w, bias):
+  return _rs_forward(layer, x, w, bias)[0]
 
 
-def _rs_forward(ring, x, w, bias):
+def _rs_forward(layer, x, w, bias):
   """(out, pre or None): each device's rows of the summed products, with the epilogue."""
-  a = ring.axis
-  m, k_local, n = x.shape[0] // ring.size, x.shape[1] // ring.size, w.shape[1]
-  product = GemmCall(out_dtype=_partial_dtype(ring.call), implementation=ring.call.implementation)
-  product = ring.step_call(product, m, n, k_local, x.dtype)
-  finish = dataclasses.replace(ring.call, return_pre=ring.call.nonlinear)
+  a = layer.axis
+  product = GemmCall(out_dtype=_partial_dtype(layer.call), implementation=layer.call.implementation)
+  product = layer.step_call(
+      product, _rows(layer, x.shape[0]), w.shape[1], x.shape[1] // layer.size, x.dtype
+  )
+  finish = dataclasses.replace(layer.call, return_pre=layer.call.nonlinear)
 
   def local(x, w, *bias):
-    acc = ring.reduce(x.reshape(ring.size, m, k_local), lambda c: batching.gemm(product, c, w))
+    acc = layer.reduce(x, lambda rows: batching.gemm(product, rows, w))
     y = batching.finish_epilogue(finish, acc.astype(jnp.float32), bias=bias[0] if bias else None)
     return y if finish.return_pre else (y, jnp.zeros((0,), x.dtype))
 
   specs = (P(None, a), P(a, None)) + ((P(),) if bias is not None else ())
-  out, pre = ring.shard_map(local, specs, (P(a, None), P(a, None) if finish.return_pre else P()))(
-      x, w, *(() if bias is None else (bias,))
-  )
+  pre_spec = P(a, None) if finish.return_pre else P()
+  out, pre = layer.shard_map(local, specs, (P(a, None), pre_spec))(x, w, *_operands(bias))
   return out, (pre if finish.return_pre else None)
 
 
-def _rs_fwd(ring, x, w, bias):
-  out, pre = _rs_forward(ring, x, w, bias)
+def _rs_fwd(layer, x, w, bias):
+  out, pre = _rs_forward(layer, x, w, bias)
   return out, (pre, x, w, bias)
 
 
-def _rs_bwd(ring, saved, g):
+def _rs_bwd(layer, saved, g):
   pre, x, w, bias = saved
-  a = ring.axis
+  a = layer.axis
   dtype = w.dtype
-  m, k_local, n = x.shape[0] // ring.size, w.shape[0] // ring.size, w.shape[1]
-  dx_call = ring.step_call(
-      GemmCall(out_dtype=x.dtype.name, implementation=ring.call.implementation, transpose_b=True),
-      m, k_local, n, dtype,
+  k_local, n = w.shape[0] // layer.size, w.shape[1]
+  dx_call = layer.step_call(
+      GemmCall(out_dtype=x.dtype.name, implementation=layer.call.implementation, transpose_b=True),
+      _rows(layer, x.shape[0]), k_local, n, dtype,
   )  # fmt: skip
   dw_call = GemmCall(
-      out_dtype=dtype.name, implementation=ring.call.implementation, transpose_a=True
+      out_dtype=dtype.name, implementation=layer.call.implementation, transpose_a=True
   )
 
   def local(g, pre, x, w):
-    d_acc = _epilogue_grad(ring.call, pre if ring.call.nonlinear else None, g, dtype)
-    dx_chunks, d_chunks = ring.gather(d_acc, lambda chunk: batching.gemm(dx_call, chunk, w))
-    dw = batching.gemm(dw_call, x, ring.device_order(d_chunks))
-    db = lax.psum(jnp.sum(d_acc, axis=0, dtype=jnp.float32), a).astype(
-        dtype if bias is None else bias.dtype
-    )
-    return ring.device_order(dx_chunks), dw, db
+    d_acc = _epilogue_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
+    (dx,), d_rows = layer.gather(d_acc, lambda d: batching.gemm(dx_call, d, w))
+    dw = batching.gemm(dw_call, x, d_rows)
+    db = lax.psum(jnp.sum(d_acc, axis=0, dtype=jnp.float32), a)
+    return dx, dw, db.astype(dtype if bias is None else bias.dtype)
 
   pre = jnp.zeros((0,), g.dtype) if pre is None else pre
-  pre_spec = P(a, None) if ring.call.nonlinear else P()
-  dx, dw, db = ring.shard_map(
+  pre_spec = P(a, None) if layer.call.nonlinear else P()
+  dx, dw, db = layer.shard_map(
       local, (P(a, None), pre_spec, P(None, a), P(a, None)), (P(None, a), P(a, None), P())
   )(g, pre, x, w)
   return dx, dw, None if bias is None else db

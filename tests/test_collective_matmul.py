@@ -39,10 +39,12 @@ def _rel(x, ref):
 
 
 @needs_devices
-@pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+@pytest.mark.parametrize(
+    "schedule, size, activation",
+    [("bulk", 2, "gelu_tanh"), ("bulk", 4, None), ("ring", 2, None), ("ring", 4, "gelu_tanh")],
+)
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_value_and_gradients_match_float64(name, activation, size):
+def test_value_and_gradients_match_float64(name, schedule, size, activation):
   m, k, n = 24, 40, 36
   rng = np.random.default_rng(size)
   x, w, bias = (
@@ -60,7 +62,9 @@ def test_value_and_gradients_match_float64(name, activation, size):
       for v, spec in zip((x, w, bias), LAYOUTS[name])
   ]
   fn = getattr(cm, name)
-  f = lambda x, w, b: fn(x, w, b, axis_name="tp", activation=activation, implementation="xla")
+  f = lambda x, w, b: fn(
+      x, w, b, axis_name="tp", activation=activation, implementation="xla", schedule=schedule
+  )
   y = jax.jit(f)(*args)
   grads = jax.jit(jax.grad(lambda *v: jnp.mean(f(*v) ** 2), (0, 1, 2)))(*args)
   assert _rel(y, ref_y) < 1e-5
@@ -93,8 +97,9 @@ def test_16_bit_operands_with_an_f32_output_and_no_bias(name):
 
 
 @needs_devices
+@pytest.mark.parametrize("schedule", ["bulk", "ring"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_the_kernel_path_lowers_for_cuda_with_sms_left_to_the_collective(name):
+def test_the_kernel_path_lowers_for_cuda(name, schedule):
   mesh = _mesh(2)
   sds = [
       jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
@@ -103,23 +108,27 @@ def test_the_kernel_path_lowers_for_cuda_with_sms_left_to_the_collective(name):
   fn = getattr(cm, name)
 
   def loss(x, w, b):
-    y = fn(x, w, b, axis_name="tp", activation="gelu_tanh", implementation="pallas", comm_sms=8)
+    y = fn(x, w, b, axis_name="tp", activation="gelu_tanh", implementation="pallas",
+           schedule=schedule, comm_sms=8)  # fmt: skip
     return jnp.mean(y.astype(jnp.float32) ** 2)
 
   with jax.set_mesh(mesh):
     text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
         *sds
     ).mlir_module()
-  assert text.count("collective_permute") >= 2  # a ring each way: forward and backward
+  collectives = ("all_gather", "reduce_scatter") if schedule == "bulk" else ("collective_permute",)
+  assert all(op in text for op in collectives)  # forward and backward
   assert "mosaic_gpu" in text
 
 
 def test_a_ring_step_leaves_comm_sms_to_the_collective():
-  ring = cm.Ring(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="pallas"), 8)
+  ring = cm.Collective(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="pallas"),
+                       "ring", comm_sms=8)  # fmt: skip
   call = ring.step_call(ring.call, 4096, 4096, 4096, jnp.bfloat16)
   sms = (cm._compat.device_sm_count() or cm.heuristics.DEFAULT_NUM_SMS) - 8
   assert call.config.num_sms == sms - sms % call.config.cluster_size
-  xla = cm.Ring(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="xla"), 8)
+  xla = cm.Collective(_mesh(1), "tp", 1, GemmCall(out_dtype="bfloat16", implementation="xla"),
+                      "ring", comm_sms=8)  # fmt: skip
   assert xla.step_call(xla.call, 64, 64, 64, jnp.bfloat16).config is None
 
 
@@ -129,6 +138,7 @@ def test_a_ring_step_leaves_comm_sms_to_the_collective():
         (dict(axis_name="nope"), "axis_name 'nope' must name an Explicit axis"),
         (dict(axis_name="tp", implementation="cuda"), "implementation must be one of"),
         (dict(axis_name="tp", comm_sms=-1), "comm_sms must be an int >= 0"),
+        (dict(axis_name="tp", schedule="tree"), "schedule must be one of"),
         (dict(axis_name="tp", w_shape=(5, 8)), "x's columns (4) must equal w's rows (5)"),
         (dict(axis_name="tp", bias_shape=(3,)), "bias must have shape (8,)"),
         (dict(axis_name="tp", x_shape=(4,)), "x and w must be 2-D"),
