@@ -220,7 +220,7 @@ def _bwd(call, saved, g):
   if pre is None:
     d_affine = g
   elif _fuses_dpre(call, pre, g, wanted):
-    d_affine, bias_grad = _fused_dpre(call, pre, g)
+    d_affine, bias_grad = fused_dpre(call, pre, g)
   else:
     _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
     d_affine, d_residual = tail_vjp(g.astype(jnp.float32))
@@ -289,22 +289,26 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
 
 def _fuses_dpre(call, pre, g, wanted) -> bool:
   """Whether dPre and the bias gradient come from one kernel pass (`pallas_gemm.dpre`):
-  kernel implementations, a bias to differentiate, an activation without a clamp (so
-  no residual enters the derivative), 16-bit pre and cotangent in the operand dtype,
-  a shape TMA takes, no Explicit mesh."""
+  a bias to differentiate and `fuses_dpre`."""
+  return wanted.bias is not None and fuses_dpre(call, pre, g, wanted.operand_dtype)
+
+
+def fuses_dpre(call, pre, g, operand_dtype) -> bool:
+  """Whether `fused_dpre` takes this activation's derivative: kernel implementations,
+  an activation without a clamp (so no residual enters the derivative), 16-bit pre
+  and cotangent in the operand dtype, a shape TMA takes, no Explicit mesh."""
   rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
   return (
       call.implementation in ("auto", "pallas", "interpret")
-      and wanted.bias is not None
       and call.activation is not None
       and call.clamp is None
-      and pre.dtype == g.dtype == jnp.dtype(wanted.operand_dtype)
+      and pre.dtype == g.dtype == jnp.dtype(operand_dtype)
       and dpre.supported(rows, pre.dtype)
       and sharding.explicit_mesh(pre, g) is None
   )
 
 
-def _fused_dpre(call, pre, g):
+def fused_dpre(call, pre, g):
   """(d_acc, bias gradient) from `dpre.dpre_and_column_sums` (NOTES exp. 34)."""
   interpret = call.implementation == "interpret"
   d_acc, sums = dpre.dpre_and_column_sums(

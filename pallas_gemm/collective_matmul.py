@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from pallas_gemm import _compat
+from pallas_gemm import autodiff
 from pallas_gemm import batching
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import heuristics
@@ -218,13 +219,18 @@ def _partial_dtype(call):
   return call.out_dtype if jnp.dtype(call.out_dtype).itemsize == 2 else "float32"
 
 
-def _epilogue_grad(call, pre, g, dtype):
-  """d(pre) of the epilogue's activation given the output's cotangent, in `dtype`."""
+def _affine_grad(call, pre, g, dtype):
+  """(d(pre) in `dtype`, its f32 column sums): the epilogue's activation differentiated
+  given the output's cotangent; one kernel pass where `autodiff.fuses_dpre`."""
   if pre is None:
-    return g.astype(dtype)
-  spec = epilogue_lib.EpilogueSpec(activation=call.activation)
-  _, vjp = jax.vjp(lambda p: epilogue_lib.apply(spec, p), pre.astype(jnp.float32))
-  return vjp(g.astype(jnp.float32))[0].astype(dtype)
+    d_acc = g.astype(dtype)
+  elif autodiff.fuses_dpre(call, pre, g, dtype):
+    return autodiff.fused_dpre(call, pre, g)
+  else:
+    spec = epilogue_lib.EpilogueSpec(activation=call.activation)
+    _, vjp = jax.vjp(lambda p: epilogue_lib.apply(spec, p), pre.astype(jnp.float32))
+    d_acc = vjp(g.astype(jnp.float32))[0].astype(dtype)
+  return d_acc, jnp.sum(d_acc, axis=0, dtype=jnp.float32)
 
 
 def _rows(layer, total_rows):
@@ -288,11 +294,10 @@ def _ag_bwd(layer, saved, g):
   )
 
   def local(g, pre, rows, w):
-    d_acc = _epilogue_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
+    d_acc, sums = _affine_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
     dx = layer.reduce(d_acc, lambda d: batching.gemm(dx_call, d, w))
     dw = batching.gemm(dw_call, rows, d_acc)
-    db = jnp.sum(d_acc, axis=0, dtype=jnp.float32).astype(dtype if bias is None else bias.dtype)
-    return dx.astype(rows.dtype), dw, db
+    return dx.astype(rows.dtype), dw, sums.astype(dtype if bias is None else bias.dtype)
 
   pre = jnp.zeros((0,), g.dtype) if pre is None else pre
   pre_spec = P(None, a) if layer.call.nonlinear else P()
@@ -352,10 +357,10 @@ def _rs_bwd(layer, saved, g):
   )
 
   def local(g, pre, x, w):
-    d_acc = _epilogue_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
+    d_acc, sums = _affine_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
     (dx,), d_rows = layer.gather(d_acc, lambda d: batching.gemm(dx_call, d, w))
     dw = batching.gemm(dw_call, x, d_rows)
-    db = lax.psum(jnp.sum(d_acc, axis=0, dtype=jnp.float32), a)
+    db = lax.psum(sums, a)
     return dx, dw, db.astype(dtype if bias is None else bias.dtype)
 
   pre = jnp.zeros((0,), g.dtype) if pre is None else pre
