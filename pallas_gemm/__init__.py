@@ -11,6 +11,7 @@ from importlib import metadata as _metadata
 
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.tuner import autotune
+from pallas_gemm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from pallas_gemm.blockwise import (
     blockwise_fp8_linear,
     blockwise_fp8_ragged_linear,
@@ -40,6 +41,7 @@ __all__ = [
     "GemmProblem",
     "QuantizedWeight",
     "RaggedConfig",
+    "all_gather_matmul",
     "autotune",
     "blockwise_fp8_linear",
     "blockwise_fp8_ragged_linear",
@@ -56,6 +58,7 @@ __all__ = [
     "make_dot_general",
     "make_int8_dot_general",
     "matmul",
+    "matmul_reduce_scatter",
     "mlp",
     "quantize_blockwise",
     "quantize_per_channel",
