@@ -443,7 +443,7 @@ def test_residual_chunks_prefetched_and_loaded_late(config, slope):
   residual = _random(rng, (m, n), "bfloat16")
   out = kernel_matmul(
       a, b, residual=residual, residual_slope=slope, config=config, implementation="interpret"
-  )
+  ).block_until_ready()  # before the float64 reference dispatches
   acc = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
   r = np.asarray(residual, np.float64)
   if slope is None:

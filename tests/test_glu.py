@@ -77,7 +77,7 @@ def _check(args, activation, implementation, config=None):
     )
 
   y, vjp = jax.vjp(ours, *(args[k] for k in names))
-  grads = vjp(cot)
+  grads = jax.block_until_ready(vjp(cot))  # interpreter done before the reference runs
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(args[k], np.float64)) for k in names]
     ref_fn = lambda *vals: _reference(
@@ -286,7 +286,7 @@ def _check_mlp(args, activation, implementation, fuse_backward=False):
     return y + (0.0 if residual is None else residual)
 
   y, vjp = jax.vjp(ours, *(args[k] for k in names))
-  grads = vjp(cot)
+  grads = jax.block_until_ready(vjp(cot))  # interpreter done before the reference runs
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(args[k], np.float64)) for k in names]
     ref_fn = lambda *vals: reference(**{**dict.fromkeys(args), **dict(zip(names, vals))})
