@@ -26,6 +26,7 @@ row-parallel) forward and backward, and its two GEMMs forward, each as
   xla        XLA's sharded `jnp.dot`s (all-gather + GEMM, GEMM + reduce-scatter)
   separate   our kernels per shard after `all_gather` / before `psum_scatter`
   bulk       `all_gather_matmul` / `matmul_reduce_scatter`, schedule "bulk"
+  fused      the same, schedule "fused" (the gather inside the kernel; scatter as bulk)
   ring       the same, schedule "ring" (`ring[N]`: N SMs left to NCCL)
 with the all-gather and the reduce-scatter timed alone, and the share of them hidden:
 (separate - contender) / collective.
@@ -102,9 +103,9 @@ def check_layer(mesh, x_spec, w_spec, m, n, k, implementation) -> float:
   return max([_rel(value, ref_value)] + [_rel(g, r) for g, r in zip(grads, ref_grads)])
 
 
-def check_collective(mesh, m, n, k, implementation) -> dict[str, float]:
-  """`all_gather_matmul` and `matmul_reduce_scatter` (bias + tanh-GELU): loss and all
-  gradients against float64, the gradients sharded like their arrays."""
+def check_collective(mesh, m, n, k, implementation, schedule="bulk") -> dict[str, float]:
+  """`all_gather_matmul` and `matmul_reduce_scatter` (bias + tanh-GELU) with `schedule`:
+  loss and all gradients against float64, the gradients sharded like their arrays."""
   x, w, bias = _normal((m, k), 9), _normal((k, n), 10, k**-0.5), _normal((n,), 11)
   ref_value, ref_grads = _reference(x, w, bias)
   errors = {}
@@ -115,7 +116,10 @@ def check_collective(mesh, m, n, k, implementation) -> dict[str, float]:
     args = [jax.device_put(v, NamedSharding(mesh, spec)) for v, spec in zip((x, w, bias), specs)]
 
     def loss(x, w, bias, fn=fn):
-      y = fn(x, w, bias, axis_name="d", activation="gelu_tanh", implementation=implementation)
+      y = fn(
+          x, w, bias, axis_name="d", activation="gelu_tanh", implementation=implementation,
+          schedule=schedule,
+      )  # fmt: skip
       return jnp.mean(y.astype(jnp.float32) ** 2)
 
     value, grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(*args)
@@ -244,7 +248,8 @@ def tp_mlp_contenders(mesh, comm_sms):
     )(h, w, b)
 
   contenders = {"xla": (xla_up, xla_down), "separate": (sep_up, sep_down)}
-  for schedule, sms in [("bulk", 0)] + [("ring", sms) for sms in sorted({0, *comm_sms})]:
+  runs = [("bulk", 0), ("fused", 0)] + [("ring", sms) for sms in sorted({0, *comm_sms})]
+  for schedule, sms in runs:
     name = schedule if sms == 0 else f"{schedule}[{sms}]"
     kw = dict(axis_name=d, schedule=schedule, comm_sms=sms)
     contenders[name] = (
@@ -308,7 +313,7 @@ def time_tp_mlp(mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, bre
     print(f"wall {name:34s} {t:8.3f} ms", flush=True)
   for part, coll in (("up", "all_gather"), ("down", "reduce_scatter")):
     for name in med:
-      if name.startswith((f"{part} fwd ring", f"{part} fwd bulk")):
+      if name.startswith((f"{part} fwd ring", f"{part} fwd bulk", f"{part} fwd fused")):
         hidden_share = (med[f"{part} fwd separate"] - med[name]) / med[f"{coll} alone"]
         print(
             f"hidden {part} {name.split()[-1]:12s} {100 * hidden_share:5.1f}% of {coll}", flush=True
@@ -356,6 +361,10 @@ def main(argv=None):
   collective = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl))
   checks["ag_matmul"] = lambda: collective()["ag_matmul"]
   checks["matmul_rs"] = lambda: collective()["matmul_rs"]
+  if not smoke:  # the kernel that gathers A itself (a mesh of one axis: this one)
+    fused = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl, "fused"))
+    checks["ag_fused"] = lambda: fused()["ag_matmul"]
+    checks["rs_fused"] = lambda: fused()["matmul_rs"]
   results = {}
   for name, check in checks.items():
     try:

@@ -114,7 +114,7 @@ def matmul(
           f"{name} must be a Python number (it is compiled into the kernel), "
           f"got {type(value).__name__}"
       )
-  activation = epilogue_lib.activation_name(activation)
+  activation = epilogue_lib.activation_name(activation, custom=True)
   check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
   check_real(bias=bias, c=c, row_bias=row_bias, residual=residual)
   if implementation is None:
@@ -300,7 +300,7 @@ def fuses_dpre(call, pre, g, operand_dtype) -> bool:
   rows = (math.prod(pre.shape[:-1]), pre.shape[-1])
   return (
       call.implementation in ("auto", "pallas", "interpret")
-      and call.activation is not None
+      and call.activation in epilogue_lib.ACTIVATION_SLOPES  # a custom one: XLA's autodiff
       and call.clamp is None
       and pre.dtype == g.dtype == jnp.dtype(operand_dtype)
       and dpre.supported(rows, pre.dtype)

@@ -51,12 +51,13 @@ from pallas_gemm import autodiff
 from pallas_gemm import batching
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import heuristics
+from pallas_gemm import hopper_gemm
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
-from pallas_gemm.config import GemmProblem
+from pallas_gemm.config import GemmConfig, GemmProblem, fit_stages
 from pallas_gemm.gemm import IMPLEMENTATIONS
 
-SCHEDULES = ("bulk", "ring")
+SCHEDULES = ("bulk", "ring", "fused")
 
 
 @jax.tree_util.register_static
@@ -92,31 +93,57 @@ class Collective:
     sms -= sms % config.cluster_size
     return dataclasses.replace(call, config=dataclasses.replace(config, num_sms=sms))
 
-  def gather(self, x, step):
-    """(step(all_gather(x)) as a tuple of outputs, all_gather(x)), rows in device order.
+  def gather(self, x, call: GemmCall, w, bias=None):
+    """(outputs of `call` on (all_gather(x), w, bias) as a tuple, all_gather(x)), rows
+    in device order (inside `shard_map`).
 
     "ring": `size` steps; at step s device d multiplies device (d + s) % size's rows,
-    which it sent on to d - 1 before multiplying them."""
-    as_tuple = lambda r: r if isinstance(r, tuple) else (r,)
+    which it sent on to d - 1 before multiplying them. "fused": one kernel that
+    forwards the chunks itself (`hopper_gemm(all_gather=)`)."""
+    step = lambda rows: _as_tuple(batching.gemm(call, rows, w, bias=bias))
     if self.schedule == "bulk":
       rows = lax.all_gather(x, self.axis, axis=0, tiled=True)
-      return as_tuple(step(rows)), rows
+      return step(rows), rows
+    if self.schedule == "fused":
+      return self._fused_gather(x, call, w, bias)
     left = [(i, (i - 1) % self.size) for i in range(self.size)]
     results, chunks = [], []
     for s in range(self.size):
       following = lax.ppermute(x, self.axis, left) if s < self.size - 1 else None
-      results.append(as_tuple(step(x)))
+      results.append(step(x))
       chunks.append(x)
       x = following
     outputs = tuple(self._device_order(list(r)) for r in zip(*results))
     return outputs, self._device_order(chunks)
 
+  def _fused_gather(self, x, call, w, bias):
+    """`gather` by the kernel with the all-gather inside (one launch, no NCCL)."""
+    m, k = x.shape
+    n = w.shape[0] if call.transpose_b else w.shape[1]
+    problem = GemmProblem(
+        m=m, n=n, k=k, dtype=x.dtype.name, out_dtype=call.out_dtype,
+        transpose_b=call.transpose_b, has_bias=bias is not None,
+    )  # fmt: skip
+    config = fused_config(problem, call.config)
+    spec = epilogue_lib.EpilogueSpec(activation=call.activation)
+    if bias is not None:  # f32, whole tiles (as `gemm` passes it)
+      bias = jnp.pad(bias.astype(jnp.float32), (0, -n % config.tile_n))
+    outs = hopper_gemm.hopper_gemm(
+        x, w, bias,
+        problem=problem, config=config, epilogue=spec, return_pre=call.return_pre,
+        all_gather=(self.axis, self.size),
+    )  # fmt: skip
+    *outputs, received = outs
+    chunks = [x, *(received[i] for i in range(self.size - 1))]  # ring order
+    return tuple(outputs), self._device_order(chunks)
+
   def reduce(self, rows, partial):
     """This device's rows of the sum over devices of partial(rows).
 
     "ring": one row chunk a step; a chunk's partial sum travels right, each device
-    adding its product, and arrives complete at the chunk's device."""
-    if self.schedule == "bulk":
+    adding its product, and arrives complete at the chunk's device. "fused" has no
+    in-kernel reduce-scatter yet: it runs "bulk"'s."""
+    if self.schedule in ("bulk", "fused"):
       return lax.psum_scatter(partial(rows), self.axis, scatter_dimension=0, tiled=True)
     chunks = rows.reshape(self.size, -1, rows.shape[-1])
     right = [(i, (i + 1) % self.size) for i in range(self.size)]
@@ -186,6 +213,11 @@ def _collective(
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+  if schedule == "fused" and implementation not in (None, "auto", "pallas"):
+    raise ValueError(
+        f"schedule='fused' runs the kernel on the GPU (remote stores have no interpreter "
+        f"or XLA form); implementation={implementation!r} takes 'bulk' or 'ring'"
+    )
   x, w = jnp.asarray(x), jnp.asarray(w)
   if x.ndim != 2 or w.ndim != 2:
     raise ValueError(f"x and w must be 2-D (M, K) and (K, N), got {x.shape} and {w.shape}")
@@ -203,15 +235,47 @@ def _collective(
     )
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
+  if schedule == "fused" and (implementation == "xla" or len(mesh.axis_names) != 1):
+    raise ValueError(
+        "schedule='fused' needs a Hopper GPU and a mesh of the ring axis alone (the kernel "
+        f"addresses its peers by their index along it); mesh axes {mesh.axis_names}"
+    )
   call = GemmCall(
       out_dtype=jnp.dtype(out_dtype or x.dtype).name,
       implementation=implementation,
-      activation=epilogue_lib.activation_name(activation),
+      activation=epilogue_lib.activation_name(activation, custom=True),
   )
   size = mesh.shape[axis_name]
   if x.shape[0] % size:
     raise ValueError(f"x's rows ({x.shape[0]}) must divide by the size of {axis_name!r} ({size})")
   return Collective(mesh, axis_name, size, call, schedule, comm_sms)
+
+
+def _as_tuple(result):
+  return result if isinstance(result, tuple) else (result,)
+
+
+def fused_config(problem: GemmProblem, config: GemmConfig | None = None) -> GemmConfig:
+  """A config for `hopper_gemm(all_gather=)`: `config` or the default for `problem`,
+  made cooperative with whole row tiles (its tile_m if 128 or 256 divides the chunk's
+  rows, else 128),
+  one K slice, no stream-K or cluster.
+
+  >>> fused_config(GemmProblem(m=8192, n=14336, k=8192)).tile_m
+  128
+  """
+  base = config or heuristics.default_config(problem)
+  fits = [t for t in (base.tile_m, 128) if t in (128, 256) and problem.m % t == 0]
+  if not fits or problem.k % base.tile_k:
+    raise ValueError(
+        f"schedule='fused' needs the rows per device ({problem.m}) to divide by 128 and K "
+        f"({problem.k}) by tile_k ({base.tile_k}); use schedule='bulk'"
+    )
+  fused = dataclasses.replace(
+      base, tile_m=fits[0], schedule="cooperative", wg_split="m", split_k=1, stream_k=False,
+      cluster=(1, 1),
+  )  # fmt: skip
+  return fit_stages(fused, problem, fused.stages)
 
 
 def _partial_dtype(call):
@@ -261,8 +325,7 @@ def _ag_forward(layer, x, w, bias):
   )  # fmt: skip
 
   def local(x, w, *bias):
-    step = lambda rows: batching.gemm(call, rows, w, bias=bias[0] if bias else None)
-    outputs, rows = layer.gather(x, step)
+    outputs, rows = layer.gather(x, call, w, bias[0] if bias else None)
     pre = outputs[1] if call.return_pre else jnp.zeros((0,), x.dtype)
     return outputs[0], pre, rows
 
@@ -358,7 +421,7 @@ def _rs_bwd(layer, saved, g):
 
   def local(g, pre, x, w):
     d_acc, sums = _affine_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
-    (dx,), d_rows = layer.gather(d_acc, lambda d: batching.gemm(dx_call, d, w))
+    (dx,), d_rows = layer.gather(d_acc, dx_call, w)
     dw = batching.gemm(dw_call, x, d_rows)
     db = lax.psum(sums, a)
     return dx, dw, db.astype(dtype if bias is None else bias.dtype)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -73,21 +74,76 @@ ALIASES = {"gelu": "gelu_tanh", "swish": "silu"}
 """Other names users bring from jax.nn (`gelu` is the tanh form there, as here)."""
 
 
-def activation_name(activation, argument: str = "activation") -> str | None:
+@dataclasses.dataclass(frozen=True)
+class CustomActivation:
+  """A user's elementwise function as the epilogue's activation: traced into the
+  kernel's epilogue on f32 chunks (so it must use what Mosaic GPU lowers: arithmetic,
+  exp, log, tanh, where, max/min; not `lax.logistic` or `erf`), and differentiated by
+  jax in the backward. Equal (and compiled once) per function object: define it once,
+  not as a fresh lambda per call.
+
+  >>> act = CustomActivation(lambda x: x * x)
+  >>> act.name, float(act(jnp.float32(3.0)))
+  ('lambda', 9.0)
+  """
+
+  fn: Callable
+
+  def __call__(self, x):
+    return self.fn(x)
+
+  @property
+  def name(self) -> str:
+    """A label for kernel names and messages (the function's name, alphanumeric)."""
+    raw = getattr(self.fn, "__name__", None) or type(self.fn).__name__
+    return "".join(ch if ch.isalnum() else "_" for ch in raw).strip("_").lower() or "custom"
+
+
+def activation_fn(activation) -> Callable:
+  """The f32 function of an activation (a name of `ACTIVATIONS` or a `CustomActivation`).
+
+  >>> float(activation_fn("relu")(jnp.float32(-2.0)))
+  0.0
+  """
+  return activation if isinstance(activation, CustomActivation) else ACTIVATIONS[activation]
+
+
+def activation_label(activation) -> str | None:
+  """The activation's name in kernel names, tuning keys and messages (None: none).
+
+  >>> activation_label("silu"), activation_label(CustomActivation(jnp.tanh))
+  ('silu', 'tanh')
+  """
+  return activation.name if isinstance(activation, CustomActivation) else activation
+
+
+def tuning_activation(activation) -> str | None:
+  """The activation a tuned config is looked up under: a built-in's name; None (the
+  plain GEMM's entry) for a custom one, which no table holds."""
+  return None if isinstance(activation, CustomActivation) else activation
+
+
+def activation_name(activation, argument: str = "activation", *, custom: bool = False):
   """The epilogue's name for `activation`: None, a name of `ACTIVATIONS` or `ALIASES`,
   or one of the jax.nn functions the epilogue implements (flax.nnx re-exports them):
   relu, gelu (either `approximate`, through `functools.partial`), silu/swish, sigmoid.
+  With `custom` (the dense GEMM's `activation=`), any other callable becomes a
+  `CustomActivation`; elsewhere only these are taken.
 
   >>> import functools, jax
   >>> activation_name("gelu"), activation_name(jax.nn.silu), activation_name(
   ...     functools.partial(jax.nn.gelu, approximate=False))
   ('gelu_tanh', 'silu', 'gelu_exact')
+  >>> activation_name(jax.nn.tanh, custom=True).name   # any other elementwise function
+  'tanh'
   >>> activation_name(jax.nn.tanh)  # doctest: +ELLIPSIS
   Traceback (most recent call last):
   ...
   ValueError: activation must be None, one of ['gelu', 'gelu_exact', 'gelu_tanh', 'relu', 'sigmoid', 'silu', 'swish'] or the jax.nn function of one, got <PjitFunction of <function tanh at ...>>
   """
-  if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
+  if activation is None or (custom and isinstance(activation, CustomActivation)):
+    return activation
+  if isinstance(activation, str) and activation in ACTIVATIONS:
     return activation
   if isinstance(activation, str) and activation in ALIASES:
     return ALIASES[activation]
@@ -109,11 +165,15 @@ def activation_name(activation, argument: str = "activation") -> str | None:
       return "gelu_tanh" if kwargs.get("approximate", True) else "gelu_exact"
   except TypeError:  # unhashable
     pass
+  if custom and callable(activation):
+    return CustomActivation(activation)
   names = sorted([*ACTIVATIONS, *ALIASES])
-  raise ValueError(
-      f"{argument} must be None, one of {names} or the jax.nn function of one, "
-      f"got {activation!r}"
+  allowed = f"None, one of {names}" + (
+      ", the jax.nn function of one, or an elementwise function of an f32 array"
+      if custom
+      else " or the jax.nn function of one"
   )
+  raise ValueError(f"{argument} must be {allowed}, got {activation!r}")
 
 
 def abs_max(x):
@@ -188,7 +248,7 @@ True
 class EpilogueSpec:
   """Static description of the epilogue (hashable)."""
 
-  activation: str | None = None
+  activation: str | CustomActivation | None = None
   alpha: float = 1.0
   beta: float = 0.0
   clamp_lo: float | None = None
@@ -214,6 +274,8 @@ class EpilogueSpec:
   def __post_init__(self):
     for name in ("activation", "residual_slope", "gated_slope"):
       value = getattr(self, name)
+      if name == "activation" and isinstance(value, CustomActivation):
+        continue
       if value is not None and value not in ACTIVATIONS:
         raise ValueError(f"{name} must be None or one of {sorted(ACTIVATIONS)}, got {value!r}")
 
@@ -278,7 +340,7 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   """
   y = pre.astype(jnp.float32)
   if spec.activation is not None:
-    y = ACTIVATIONS[spec.activation](y)
+    y = activation_fn(spec.activation)(y)
   if spec.gated_slope is not None:
     gate, up = (r.astype(jnp.float32) for r in residual)
     y = y * up * ACTIVATION_SLOPES[spec.gated_slope](gate)
@@ -315,7 +377,7 @@ def gated(spec: EpilogueSpec, gate_pre, up_pre):
   """
   gate = gate_pre.astype(jnp.float32)
   if spec.activation is not None:
-    gate = ACTIVATIONS[spec.activation](gate)
+    gate = activation_fn(spec.activation)(gate)
   return finish(dataclasses.replace(spec, activation=None), gate * up_pre.astype(jnp.float32))
 
 

@@ -75,7 +75,7 @@ class Linear(nnx.Linear):
       implementation: str | None = None,
       **kwargs,
   ):
-    activation = epilogue_lib.activation_name(activation)
+    activation = epilogue_lib.activation_name(activation, custom=True)
     super().__init__(in_features, out_features, **kwargs)
     self.activation = activation
     self.implementation = implementation
@@ -345,7 +345,7 @@ class Dense(linen.Dense):
 
   def __post_init__(self):
     # Checked at construction, as `Linear` does (not at the first `init`).
-    epilogue_lib.activation_name(self.activation)
+    epilogue_lib.activation_name(self.activation, custom=True)
     super().__post_init__()
 
   @linen.compact

@@ -95,7 +95,10 @@ def gemm(
     bias: (N,) per-column bias, added in f32, or None.
     activation: None, "relu", "gelu_tanh" (or "gelu", as jax.nn.gelu), "gelu_exact",
       "silu" (or "swish"), "sigmoid", or the jax.nn function of one (`jax.nn.relu`,
-      `functools.partial(jax.nn.gelu, approximate=False)`, ...).
+      `functools.partial(jax.nn.gelu, approximate=False)`, ...); or any other
+      elementwise function of an f32 array (`jax.nn.tanh`, a squared ReLU, a soft cap),
+      traced into the kernel's epilogue and differentiated by jax
+      (`epilogue.CustomActivation`: one compile per function object).
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
       not with fp8 outputs.
     alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
@@ -136,7 +139,7 @@ def gemm(
       )
   if config is not None and not isinstance(config, GemmConfig):
     raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
-  activation = epilogue_lib.activation_name(activation)
+  activation = epilogue_lib.activation_name(activation, custom=True)
   a, b = jnp.asarray(a), jnp.asarray(b)
   problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = check_extras(problem, batch_shape, row_bias, residual)
@@ -583,7 +586,13 @@ def kernel_gemm(
       residual = residual.reshape(-1, *residual.shape[-2:])
   if config is None and not interpret:  # keyed by the problem the kernel runs
     config = usable_config(
-        resolve_config(problem, spec.activation, operands=(a, b), tune=autotune), problem
+        resolve_config(
+            problem,
+            epilogue_lib.tuning_activation(spec.activation),
+            operands=(a, b),
+            tune=autotune,
+        ),
+        problem,
     )
   if interpret:
     config = interpret_config(config, problem)

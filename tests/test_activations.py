@@ -1,7 +1,9 @@
 """Activations as users bring them from jax.nn and Flax (issue 20): "gelu" is the tanh
 form (as `jax.nn.gelu`), the jax.nn / flax.nnx functions the epilogue implements are
-accepted everywhere an activation is taken, anything else is refused naming the argument,
-by a Flax layer at construction."""
+accepted everywhere an activation is taken; the dense GEMM (`matmul`, `flax.Linear`,
+the collective GEMMs) also takes any other elementwise function, traced into the
+kernel's epilogue and differentiated by jax (issue 19); anything else is refused naming
+the argument, by a Flax layer at construction."""
 
 import functools
 
@@ -62,10 +64,74 @@ def test_flax_layers_check_at_construction():
   rngs = nnx.Rngs(0)
   layer = pallas_gemm.flax.Linear(4, 8, activation=nnx.gelu, rngs=rngs)
   assert layer.activation == "gelu_tanh"
+  assert pallas_gemm.flax.Linear(4, 8, activation=nnx.tanh, rngs=rngs).activation.name == "tanh"
   with pytest.raises(ValueError, match="^activation must be None"):
-    pallas_gemm.flax.Linear(4, 8, activation=nnx.tanh, rngs=rngs)
+    pallas_gemm.flax.Linear(4, 8, activation="tanh", rngs=rngs)
   with pytest.raises(ValueError, match="^activation must be None"):
     pallas_gemm.flax.Fp8Linear(4, 8, activation="tanh", rngs=rngs)
+  with pytest.raises(ValueError, match="^activation must be None"):  # its fused backward
+    pallas_gemm.flax.MLP(4, 8, activation=nnx.tanh, rngs=rngs)  # needs a closed-form slope
+
+
+# -- custom activations (issue 19) ---------------------------------------------------
+def squared_relu(x):  # Primer's activation
+  return jnp.square(jnp.maximum(x, 0.0))
+
+
+def softcap(x):  # Gemma-style logit soft-capping
+  return 30.0 * jnp.tanh(x / 30.0)
+
+
+CUSTOM = [squared_relu, softcap, jax.nn.tanh]
+
+
+@pytest.mark.parametrize("fn", CUSTOM, ids=lambda f: f.__name__)
+def test_matmul_takes_a_custom_activation_and_its_gradient(fn):
+  rng = np.random.default_rng(3)
+  a, b, bias = rng.standard_normal((24, 40)), rng.standard_normal((40, 20)), rng.standard_normal(20)
+  f = lambda a, b, bias: pallas_gemm.matmul(a, b, bias=bias, activation=fn, implementation="xla")
+  loss = lambda f: lambda *v: jnp.sum(f(*v) ** 2)
+  args32 = [jnp.asarray(v, jnp.float32) for v in (a, b, bias)]
+  y, grads = f(*args32), jax.grad(loss(f), (0, 1, 2))(*args32)
+  with jax.enable_x64(True):
+    ref = lambda a, b, bias: fn(a @ b + bias)
+    y_ref, grads_ref = ref(a, b, bias), jax.grad(loss(ref), (0, 1, 2))(a, b, bias)
+  rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)
+  assert rel(y, y_ref) < 1e-5
+  for g, r in zip(grads, grads_ref):
+    assert rel(g, r) < 1e-4
+
+
+def test_a_custom_activation_is_one_static_value_per_function():
+  a, b = epilogue.activation_name(softcap, custom=True), epilogue.activation_name(
+      softcap, custom=True
+  )
+  assert a == b and hash(a) == hash(b) and a.name == "softcap"
+  assert epilogue.activation_name(a, custom=True) is a
+  assert epilogue.tuning_activation(a) is None and epilogue.tuning_activation("relu") == "relu"
+  with pytest.raises(ValueError, match="^activation must be None, .* an elementwise function"):
+    epilogue.activation_name("tanh", custom=True)
+
+
+@pytest.mark.parametrize("fn", CUSTOM, ids=lambda f: f.__name__)
+def test_custom_activations_lower_into_the_kernel_forward_and_backward(fn):
+  def loss(a, b, bias):
+    y = pallas_gemm.matmul(a, b, bias=bias, activation=fn, implementation="pallas")
+    return jnp.sum(y.astype(jnp.float32))
+
+  sds = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256,))]
+  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
+      *sds
+  ).mlir_module()
+  assert f"_NN_{fn.__name__}" in text  # the forward kernel, named after the function
+
+
+def test_the_gated_and_fused_mlp_paths_refuse_a_custom_activation():
+  x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 8), jnp.bfloat16)
+  with pytest.raises(ValueError, match="^activation must be None"):
+    pallas_gemm.gated_linear_unit(x, w, w, activation=softcap, implementation="xla")
+  with pytest.raises(ValueError, match="^activation must be None"):
+    pallas_gemm.mlp(x, w, w, activation=softcap, implementation="xla")
 
 
 # -- other inputs that were accepted and should not be (issue 20) -----------------

@@ -523,6 +523,22 @@ def test_interpret_gradients_match_float64_reference(layout, epilogue, batch_a):
   )
 
 
+def _softcap(z):  # a custom activation (issue 19): traced into the kernel's epilogue
+  return 8.0 * jnp.tanh(z / 8.0)
+
+
+ACTIVATIONS_F64[_softcap] = _softcap
+
+
+@needs_transposed_interpret
+def test_interpret_gradients_with_a_custom_activation_match_float64_reference():
+  args, cotangent, static = _problem("NN", "bfloat16", bias=True, seed="custom activation")
+  static["activation"] = _softcap  # not in _problem's seed: a function's repr has its address
+  _check_against_reference(
+      args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
+  )
+
+
 # -- the fused dPre + bias-gradient pass (pallas_gemm.dpre) ---------------------------
 def _fused_problem(layout, rows, inner, cols, seed):
   """A bias + GELU layer whose backward takes the fused pass (N a multiple of 128)."""

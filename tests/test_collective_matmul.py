@@ -13,6 +13,7 @@ import pytest
 
 from pallas_gemm import collective_matmul as cm
 from pallas_gemm.batching import GemmCall
+from pallas_gemm.config import GemmConfig
 from tests import fake_devices
 
 DEVICES = 4
@@ -97,9 +98,11 @@ def test_16_bit_operands_with_an_f32_output_and_no_bias(name):
 
 
 @needs_devices
-@pytest.mark.parametrize("schedule", ["bulk", "ring"])
+@pytest.mark.parametrize("schedule", ["bulk", "ring", "fused"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_the_kernel_path_lowers_for_cuda(name, schedule):
+  if schedule == "fused" and cm._compat.JAX_VERSION < (0, 11, 0):
+    pytest.skip(f"jax {jax.__version__}: the fused schedule's kernel is built for jax >= 0.11")
   mesh = _mesh(2)
   sds = [
       jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
@@ -116,7 +119,11 @@ def test_the_kernel_path_lowers_for_cuda(name, schedule):
     text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
         *sds
     ).mlir_module()
-  collectives = ("all_gather", "reduce_scatter") if schedule == "bulk" else ("collective_permute",)
+  collectives = {
+      "bulk": ("all_gather", "reduce_scatter"),
+      "ring": ("collective_permute",),
+      "fused": ("reduce_scatter",),  # the gather is inside the kernel; the scatter is bulk's
+  }[schedule]
   assert all(op in text for op in collectives)  # forward and backward
   assert "mosaic_gpu" in text
 
@@ -139,6 +146,7 @@ def test_a_ring_step_leaves_comm_sms_to_the_collective():
         (dict(axis_name="tp", implementation="cuda"), "implementation must be one of"),
         (dict(axis_name="tp", comm_sms=-1), "comm_sms must be an int >= 0"),
         (dict(axis_name="tp", schedule="tree"), "schedule must be one of"),
+        (dict(axis_name="tp", schedule="fused"), "schedule='fused' runs the kernel on the GPU"),
         (dict(axis_name="tp", w_shape=(5, 8)), "x's columns (4) must equal w's rows (5)"),
         (dict(axis_name="tp", bias_shape=(3,)), "bias must have shape (8,)"),
         (dict(axis_name="tp", x_shape=(4,)), "x and w must be 2-D"),
@@ -162,6 +170,21 @@ def test_rows_that_do_not_divide_by_the_ring_are_named():
   for fn in (cm.all_gather_matmul, cm.matmul_reduce_scatter):
     with pytest.raises(ValueError, match=r"x's rows \(5\) must divide by the size of 'tp' \(2\)"):
       fn(put((5, 4)), put((4, 8)), axis_name="tp", implementation="xla")
+
+
+def test_the_fused_schedule_needs_whole_row_tiles_and_its_kernel_rules():
+  assert cm.fused_config(cm.GemmProblem(m=1024, n=512, k=512)).schedule == "cooperative"
+  with pytest.raises(ValueError, match=r"rows per device \(100\) to divide by 128"):
+    cm.fused_config(cm.GemmProblem(m=100, n=512, k=512))
+  problem = cm.GemmProblem(m=256, n=512, k=512)
+  pingpong = GemmConfig(tile_m=64, tile_n=128, schedule="pingpong")
+  a, b = jnp.ones((256, 512), jnp.bfloat16), jnp.ones((512, 512), jnp.bfloat16)
+  rules = r"all_gather=\('tp', 1\) needs a schedule 'cooperative'; .*2 devices or more; the kernel on hardware"
+  with pytest.raises(ValueError, match=rules):
+    cm.hopper_gemm.hopper_gemm(
+        a, b, problem=problem, config=pingpong, all_gather=("tp", 1),
+        interpret=cm._compat.interpret_params(zero_fill=False),
+    )  # fmt: skip
 
 
 def test_operands_off_any_explicit_mesh_are_rejected():
