@@ -9,6 +9,8 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int4_ours      int4, group 128 scales, the default route (the kernel for M <= 64)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
+  int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
+                 to XLA (M > 64), whether the kernel would have been faster
   int8_ours      int8, per-channel scales, the default route
 W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
   bf16_dot       jnp.dot on bf16 operands
@@ -40,7 +42,7 @@ from pallas_gemm import weight_only as wo
 
 WEIGHTS = ((4096, 14336), (14336, 4096), (8192, 28672), (4096, 128256))
 """(K, N) weights of Llama-3 8B/70B projections and a 128k-vocabulary head."""
-TOKENS = (1, 16, 64, 256, 2048)
+TOKENS = (1, 16, 64, 128, 256, 2048)
 W8A8_SHAPES = ((8192, 8192, 8192), (8192, 6144, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
 """MxNxK: 8192^3 and Llama-3-8B's qkv, gate/up and down projections at 8k tokens."""
 SMOKE = dict(weights=((256, 384),), tokens=(3, 20), w8a8=((72, 136, 256),))
@@ -67,6 +69,11 @@ def weight_only_contenders(implementation):
       "int4_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_smem": smem_variant if kernel is None else None,
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
+      "int4_kernel": (
+          (lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas"))
+          if kernel is None
+          else None
+      ),
       "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
   }
 
@@ -96,7 +103,8 @@ def run_weight_only(weights, tokens, *, implementation, rounds, iterations, time
     w = jnp.asarray(rng.standard_normal((k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
-    operands = {"bf16_dot": w, "int4_ours": q4, "int4_smem": q4, "int4_xla": q4, "int8_ours": q8}
+    operands = {"bf16_dot": w, "int8_ours": q8}
+    operands.update({name: q4 for name in ("int4_ours", "int4_smem", "int4_xla", "int4_kernel")})
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)

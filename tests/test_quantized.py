@@ -290,6 +290,7 @@ def test_int8_matmul_rejects_other_dtypes():
         (13, 1000, 2048, 4, 128, False, "registers"),
         (64, 4096, 4096, 8, -1, True, "registers"),
         (100, 384, 1024, 8, 256, False, "registers"),
+        (200, 4096, 4096, 4, 128, True, "registers"),  # two token tiles of 128
         (13, 1000, 2048, 4, 128, False, "smem"),
     ],
 )
