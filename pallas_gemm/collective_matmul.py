@@ -16,15 +16,21 @@ weight-gradient GEMM over them. The gather's epilogue (bias, activation) runs in
 kernel; the reduce-scatter's runs once on the summed rows, in one XLA pass. Partial sums
 travel in the output dtype when it has 16 bits, as XLA's own reduce-scatter does.
 
-Two schedules of the collective against the GEMM:
-  "bulk"  one NCCL all-gather (or reduce-scatter) and one GEMM over all rows: the default.
-  "ring"  `size` steps over one mesh axis of `size` devices: each step multiplies one
-          row chunk while `lax.ppermute` moves another to the neighbour. XLA issues the
-          permutes asynchronously around the GEMMs, but on jax 0.11.2 the transfers did
-          not overlap them, with our kernel or with cuBLAS (2 x H200, NOTES exp. 69), so
-          the ring costs its extra passes and wins nothing there; it is kept, measured,
-          for stacks that overlap it. `comm_sms` leaves SMs free of the ring's
-          persistent GEMMs for NCCL's kernels.
+Three schedules of the collective against the GEMM:
+  "bulk"   one NCCL all-gather (or reduce-scatter) and one GEMM over all rows: the default.
+  "ring"   `size` steps over one mesh axis of `size` devices: each step multiplies one row
+           chunk while `lax.ppermute` moves another to the neighbour. XLA issues the
+           permutes asynchronously around the GEMMs, but on jax 0.11.2 the transfers did not
+           overlap them, with our kernel or with cuBLAS (2 x H200, NOTES exp. 69), so the
+           ring costs its extra passes and wins nothing there; it is kept, measured, for
+           stacks that overlap it. `comm_sms` leaves SMs free of the ring's persistent
+           GEMMs for NCCL's kernels.
+  "fused"  the gather inside the GEMM kernel (`hopper_gemm(all_gather=)`): the chunks go
+           from GPU to GPU by TMA stores of the kernel's own A stages while it multiplies,
+           as jax's `collective_matmul_mgpu` does (which overlapped on the same machine);
+           the reduce-scatter is still "bulk"'s. A mesh of the ring axis alone, a Hopper
+           GPU, rows per device a multiple of 128. Built and lowered, not yet run on GPUs
+           (NOTES exp. 72).
 
 >>> import jax, jax.numpy as jnp
 >>> from jax.sharding import AxisType, PartitionSpec as P
