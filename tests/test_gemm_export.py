@@ -10,6 +10,8 @@ import pytest
 
 from pallas_gemm import GemmConfig, GemmProblem, _compat, matmul
 
+pytestmark = pytest.mark.export
+
 COOP_N = GemmConfig(wg_split="n")
 PINGPONG = GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6)
 
@@ -175,7 +177,11 @@ def test_transposed_a_needs_split_n():
 @pytest.mark.parametrize(
     "kwargs,error,name",
     [
-        (dict(a=jnp.ones((8, 8), jnp.int16), b=jnp.ones((8, 8), jnp.int16)), TypeError, "a must be"),
+        (
+            dict(a=jnp.ones((8, 8), jnp.int16), b=jnp.ones((8, 8), jnp.int16)),
+            TypeError,
+            "a must be",
+        ),
         (
             dict(a=jnp.ones((8, 8), jnp.bfloat16), b=jnp.ones((8, 8), jnp.float16)),
             TypeError,

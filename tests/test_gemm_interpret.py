@@ -28,6 +28,8 @@ from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (not diff
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
+pytestmark = pytest.mark.interpret
+
 BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-5}
 
 needs_clusters = pytest.mark.skipif(
