@@ -27,6 +27,11 @@ back to `lax.dot_general`.
 `GatedMLP` is a Llama MLP (`gate_proj`, `up_proj`, `down_proj`), its gate and up
 projections one `pallas_gemm.gated_linear_unit`.
 
+`ColumnParallelLinear` and `RowParallelLinear` are `Linear` layers for tensor parallelism
+over one mesh axis (Megatron's pair, with sequence-parallel activations): the first gathers
+its input rows inside the GEMM (`pallas_gemm.all_gather_matmul`), the second
+reduce-scatters its output rows (`pallas_gemm.matmul_reduce_scatter`).
+
 `Fp8Linear` is the fp8 counterpart of `Linear` (same parameters), with
 delayed scaling state as non-parameter variables (`Fp8Meta`). `QuantizedLinear`
 is an inference layer with int4/int8 weights quantized at load time
@@ -50,6 +55,7 @@ from pallas_gemm import fp8
 from pallas_gemm import weight_only
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
+from pallas_gemm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from pallas_gemm.glu import gated_mlp
 from pallas_gemm.perceptron import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
@@ -97,6 +103,68 @@ class Linear(nnx.Linear):
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
+
+
+class _TensorParallelLinear(Linear):
+  """A `Linear` whose GEMM runs with its collective over mesh axis `axis_name`."""
+
+  _collective: staticmethod  # all_gather_matmul or matmul_reduce_scatter
+  _specs: staticmethod  # axis -> (kernel, bias) partitions, for kernel_/bias_metadata
+
+  def __init__(self, in_features, out_features, *, axis_name: str, schedule="bulk", **kwargs):
+    kernel_spec, bias_spec = self._specs(axis_name)
+    kwargs.setdefault("kernel_metadata", {"out_sharding": kernel_spec})
+    kwargs.setdefault("bias_metadata", {"out_sharding": bias_spec})
+    super().__init__(in_features, out_features, **kwargs)
+    self.axis_name, self.schedule = axis_name, schedule
+
+  def __call__(self, inputs):
+    """The layer on `inputs` (..., in_features); the leading dims are flattened into the
+    GEMM's rows (they must flatten without a reshard: shard the leading one)."""
+    bias = self.bias[...] if self.bias is not None else None
+    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    lead = inputs.shape[:-1]
+    y = self._collective(
+        inputs.reshape(-1, inputs.shape[-1]),
+        kernel,
+        bias,
+        axis_name=self.axis_name,
+        activation=self.activation,
+        out_dtype=self.preferred_element_type,
+        implementation=self.implementation,
+        schedule=self.schedule,
+    )
+    return y.reshape(*lead, y.shape[-1])
+
+
+class ColumnParallelLinear(_TensorParallelLinear):
+  """A column-parallel `Linear`: kernel columns and bias sharded over `axis_name`; the
+  input's rows (tokens) arrive sharded over it and are gathered inside the GEMM
+  (`pallas_gemm.all_gather_matmul`, `schedule` as there); the output's columns stay
+  sharded. Construct it under `jax.set_mesh` of a mesh with that (Explicit) axis.
+
+  >>> import jax, jax.numpy as jnp
+  >>> from flax import nnx
+  >>> mesh = jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Explicit,))
+  >>> with jax.set_mesh(mesh):
+  ...   layer = ColumnParallelLinear(8, 4, axis_name="tp", rngs=nnx.Rngs(0))
+  ...   y = layer(jax.device_put(jnp.ones((2, 8)), jax.P("tp", None)))
+  >>> y.shape, tuple(layer.kernel.get_metadata()["out_sharding"])
+  ((2, 4), (None, 'tp'))
+  """
+
+  _specs = staticmethod(lambda axis: ((None, axis), (axis,)))
+  _collective = staticmethod(all_gather_matmul)
+
+
+class RowParallelLinear(_TensorParallelLinear):
+  """A row-parallel `Linear`: kernel rows sharded over `axis_name`, bias replicated; the
+  input's features arrive sharded over it (a `ColumnParallelLinear`'s output) and the
+  partial products are reduce-scattered over the output's rows
+  (`pallas_gemm.matmul_reduce_scatter`): the output's rows (tokens) end up sharded."""
+
+  _specs = staticmethod(lambda axis: ((axis, None), (None,)))
+  _collective = staticmethod(matmul_reduce_scatter)
 
 
 class MLP(nnx.Module):

@@ -190,3 +190,37 @@ def test_the_fused_schedule_needs_whole_row_tiles_and_its_kernel_rules():
 def test_operands_off_any_explicit_mesh_are_rejected():
   with pytest.raises(ValueError, match="must name an Explicit axis"):
     cm.all_gather_matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), axis_name="tp", implementation="xla")
+
+
+@needs_devices
+@pytest.mark.parametrize("schedule", ["bulk", "ring"])
+def test_the_flax_tensor_parallel_pair_matches_the_unsharded_layers(schedule):
+  nnx = pytest.importorskip("flax.nnx")
+  from pallas_gemm import flax as pflax
+
+  d, h, tokens = 16, 48, 24
+  kw = dict(implementation="xla", param_dtype=jnp.float32)
+
+  def loss(up, down, x):
+    return jnp.mean(down(up(x)) ** 2)
+
+  reference = (
+      pflax.Linear(d, h, activation="gelu_tanh", rngs=nnx.Rngs(1), **kw),
+      pflax.Linear(h, d, rngs=nnx.Rngs(2), **kw),
+  )
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((4, tokens // 4, d)), jnp.float32)
+  ref_value, ref_grads = nnx.value_and_grad(loss, argnums=(0, 1))(*reference, x)
+  mesh = _mesh(DEVICES)
+  with jax.set_mesh(mesh):
+    up = pflax.ColumnParallelLinear(
+        d, h, axis_name="tp", activation="gelu_tanh", schedule=schedule, rngs=nnx.Rngs(1), **kw
+    )
+    down = pflax.RowParallelLinear(h, d, axis_name="tp", schedule=schedule, rngs=nnx.Rngs(2), **kw)
+    assert up.kernel[...].sharding.spec == P(None, "tp") and down.kernel[...].sharding.spec == P(
+        "tp", None
+    )
+    x_sharded = jax.device_put(x, NamedSharding(mesh, P("tp", None, None)))  # batch rows
+    value, grads = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(up, down, x_sharded)
+  assert abs(float(value) - float(ref_value)) < 1e-5 * abs(float(ref_value))
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    assert _rel(got, want) < 1e-5
