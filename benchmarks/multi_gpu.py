@@ -14,6 +14,7 @@ per shard, `pallas_gemm.sharding`), each against the same loss in float64 on the
                "model", w rows by "model"
   ragged     `ragged_dot` with rhs columns sharded (expert weights split by N)
   mlp        `flax.Linear` up (column-parallel) and down (row-parallel) projections, nnx
+  tp_flax    the same with `flax.ColumnParallelLinear` / `RowParallelLinear`
   ag_matmul  `all_gather_matmul` (x rows sharded, w columns sharded)
   matmul_rs  `matmul_reduce_scatter` (x columns sharded, w rows sharded)
 Timing (CUPTI, all devices' kernels; medians of rounds interleaved): the column- and
@@ -147,9 +148,11 @@ def check_ragged(mesh, m, n, k, groups, implementation) -> float:
   return _rel(out, ref)
 
 
-def check_nnx_mlp(mesh, m, d, h, implementation) -> float:
-  """A column-parallel up and row-parallel down `flax.Linear` pair under `nnx.jit`,
-  its loss and parameter gradients against the unsharded model's (XLA, f32)."""
+def check_nnx_mlp(mesh, m, d, h, implementation, tensor_parallel=False) -> float:
+  """A column-parallel up and row-parallel down `flax.Linear` pair under `nnx.jit`
+  (`tensor_parallel`: `flax.ColumnParallelLinear` and `RowParallelLinear`, the tokens
+  sharded between them too), its loss and parameter gradients against the unsharded
+  model's (XLA, f32)."""
   from flax import nnx
 
   from pallas_gemm import flax as pflax
@@ -160,6 +163,10 @@ def check_nnx_mlp(mesh, m, d, h, implementation) -> float:
       meta = lambda *names: {"out_sharding": names} if sharded else {}
       rngs = nnx.Rngs(0)
       kw = dict(dtype=jnp.bfloat16, implementation=impl, rngs=rngs)
+      if sharded and tensor_parallel:
+        self.up = pflax.ColumnParallelLinear(d, h, axis_name="d", activation="gelu_tanh", **kw)
+        self.down = pflax.RowParallelLinear(h, d, axis_name="d", **kw)
+        return
       self.up = pflax.Linear(d, h, activation="gelu_tanh", kernel_metadata=meta(None, "d"),
                              bias_metadata=meta("d"), **kw)  # fmt: skip
       self.down = pflax.Linear(h, d, kernel_metadata=meta("d", None), **kw)
@@ -358,6 +365,7 @@ def main(argv=None):
   if not args.skip_layers:
     checks["ragged"] = lambda: check_ragged(mesh, m, n, k, 4, impl)
     checks["mlp"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl)
+    checks["tp_flax"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl, True)
   collective = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl))
   checks["ag_matmul"] = lambda: collective()["ag_matmul"]
   checks["matmul_rs"] = lambda: collective()["matmul_rs"]
