@@ -9,6 +9,10 @@
 #   bash benchmarks/run_device.sh heldout # the held-out sweep and every default checked (~5 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
+#   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
+#                                         # fused all-gather kernel's first run), TP MLP timing
+#   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
+#                                         # weight-only and W8A8 timing (~6 min)
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -73,11 +77,21 @@ case "${1:-}" in
     step sweep_heldout 300 3 python -u -m benchmarks.matmul --sweep heldout --budget-s 260 \
       --out "$OUT/heldout"
     ;;
+  multi)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    step multi_gpu 420 40 python -u -m benchmarks.multi_gpu --comm-sms "" --rounds 3 \
+      --json "$OUT/multi_gpu.json"
+    ;;
+  new)
+    step new_gpu_tests 200 3 python -u -m pytest -q -m gpu tests/test_activations.py \
+      tests/test_quantized.py
+    step quantized 330 40 python -u -m benchmarks.quantized --out "$OUT/quantized"
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|calibrate" >&2
     exit 2
     ;;
 esac

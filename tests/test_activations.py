@@ -157,3 +157,28 @@ def test_complex_addends_are_refused(name, value):
 def test_nan_clamp_bounds_are_refused():
   with pytest.raises(ValueError, match="clamp bounds must not be NaN"):
     pallas_gemm.matmul(A, B, clamp=(float("nan"), 1.0), implementation="xla")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", CUSTOM, ids=lambda f: f.__name__)
+def test_custom_activations_in_the_kernel_on_the_gpu(fn):
+  rng = np.random.default_rng(11)
+  a, b, bias = (
+      rng.standard_normal((1000, 512)),
+      rng.standard_normal((512, 768)) / 16,
+      rng.standard_normal(768),
+  )
+  args = [jnp.asarray(v, jnp.bfloat16) for v in (a, b)] + [jnp.asarray(bias, jnp.float32)]
+  loss = lambda f: lambda *v: jnp.sum(f(*v).astype(jnp.float32) ** 2)
+  ours = lambda a, b, bias: pallas_gemm.matmul(
+      a, b, bias=bias, activation=fn, implementation="pallas"
+  )
+  y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2))(*args)
+  with jax.enable_x64(True):
+    ref = lambda a, b, bias: fn(a @ b + bias)
+    f64 = [np.asarray(v, np.float64) for v in args]
+    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2))(*f64)
+  rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)
+  assert rel(y, y_ref) < 1e-2
+  for g, r in zip(grads, grads_ref):
+    assert rel(g, r) < 2e-2
