@@ -15,6 +15,9 @@ per shard, `pallas_gemm.sharding`), each against the same loss in float64 on the
   ragged     `ragged_dot` with rhs columns sharded (expert weights split by N)
   mlp        `flax.Linear` up (column-parallel) and down (row-parallel) projections, nnx
   tp_flax    the same with `flax.ColumnParallelLinear` / `RowParallelLinear`
+  dot_gen    `nnx.Linear(dot_general=pallas_gemm.dot_general)`, column-parallel, against
+             the same layer on one device
+  fp8_dp     `fp8_linear`, data parallel, against the same layer on one device
   ag_matmul  `all_gather_matmul` (x rows sharded, w columns sharded)
   matmul_rs  `matmul_reduce_scatter` (x columns sharded, w rows sharded)
 Timing (CUPTI, all devices' kernels; medians of rounds interleaved): the column- and
@@ -183,6 +186,58 @@ def check_nnx_mlp(mesh, m, d, h, implementation, tensor_parallel=False) -> float
   with jax.set_mesh(mesh):
     model = MLP(implementation, sharded=True)
     value, grads = step(model, jax.device_put(x, P("d", None)))
+  return max(
+      [_rel(value, ref_value)]
+      + [_rel(g, r) for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads))]
+  )
+
+
+def check_fp8_data_parallel(mesh, m, n, k, implementation) -> float:
+  """`fp8_linear` (unit scales) with x's rows sharded: loss and gradients against the same
+  layer on one device."""
+  from pallas_gemm import fp8_linear
+
+  x, w, bias = (
+      _normal((m, k), 19),
+      _normal((k, n), 20, k**-0.5),
+      _normal((n,), 21).astype(jnp.float32),
+  )
+  one = jnp.float32(1)
+
+  def loss(x, w, bias):
+    y = fp8_linear(x, w, bias, one, one, implementation=implementation)
+    return jnp.mean(y.astype(jnp.float32) ** 2)
+
+  grad = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
+  ref_value, ref_grads = grad(x, w, bias)
+  with jax.set_mesh(mesh):
+    value, grads = grad(
+        jax.device_put(x, P("d", None)), jax.device_put(w, P()), jax.device_put(bias, P())
+    )
+  return max([_rel(value, ref_value)] + [_rel(g, r) for g, r in zip(grads, ref_grads)])
+
+
+def check_dot_general_column(mesh, m, n, k, implementation) -> float:
+  """`nnx.Linear(dot_general=pallas_gemm.dot_general)` with its kernel's columns sharded:
+  loss and parameter gradients against the same layer on one device."""
+  from flax import nnx
+
+  from pallas_gemm import make_dot_general
+
+  def layer(sharded):
+    meta = (lambda *names: {"out_sharding": names}) if sharded else (lambda *names: {})
+    return nnx.Linear(k, n, dot_general=make_dot_general(implementation=implementation),
+                      kernel_metadata=meta(None, "d"), bias_metadata=meta("d"),
+                      dtype=jnp.bfloat16, rngs=nnx.Rngs(3))  # fmt: skip
+
+  @nnx.jit
+  def step(model, x):
+    return nnx.value_and_grad(lambda mod, x: jnp.mean(mod(x).astype(jnp.float32) ** 2))(model, x)
+
+  x = np.asarray(_normal((m, k), 22), np.float32)
+  ref_value, ref_grads = step(layer(False), jnp.asarray(x))
+  with jax.set_mesh(mesh):
+    value, grads = step(layer(True), jax.device_put(x, P()))
   return max(
       [_rel(value, ref_value)]
       + [_rel(g, r) for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads))]
@@ -366,6 +421,8 @@ def main(argv=None):
     checks["ragged"] = lambda: check_ragged(mesh, m, n, k, 4, impl)
     checks["mlp"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl)
     checks["tp_flax"] = lambda: check_nnx_mlp(mesh, m // 4, k // 4, n // 4, impl, True)
+    checks["dot_gen"] = lambda: check_dot_general_column(mesh, m // 4, n // 4, k // 4, impl)
+    checks["fp8_dp"] = lambda: check_fp8_data_parallel(mesh, m // 4, n // 4, k // 4, impl)
   collective = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl))
   checks["ag_matmul"] = lambda: collective()["ag_matmul"]
   checks["matmul_rs"] = lambda: collective()["matmul_rs"]

@@ -24,4 +24,4 @@ def test_the_multi_gpu_harness_runs_on_fake_cpu_devices():
   )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   checks = [line for line in out.stdout.splitlines() if line.startswith("check ")]
-  assert len(checks) == 9 and all(line.endswith(" ok") for line in checks), out.stdout
+  assert len(checks) == 11 and all(line.endswith(" ok") for line in checks), out.stdout
