@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import sharding
 from pallas_gemm import smem
+from pallas_gemm import tuning_cache
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
 from pallas_gemm.gemm import IMPLEMENTATIONS, INTERPRET_NUM_SMS
 from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
@@ -244,6 +245,8 @@ def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpr
       out_dtype=out_dtype,
       transpose_rhs=transpose_rhs,
   )
+  if config is None and not interpret:  # a tuned config (`ragged_tuning`), else the default
+    config = tuning_cache.lookup_ragged_config(problem)
   config = config or default_ragged_config(problem)
   if interpret and config.num_sms is None:
     config = dataclasses.replace(config, num_sms=INTERPRET_NUM_SMS)

@@ -3,6 +3,7 @@
     python -m pallas_gemm.tune --shapes my_shapes.json    # a shapes file (see pallas_gemm.shapes)
     python -m pallas_gemm.tune --sweep llm                # a named sweep of pallas_gemm/shapes
     python -m pallas_gemm.tune --sweep odd --dry-run      # list the candidates; no GPU needed
+    python -m pallas_gemm.tune --ragged 8x16384x4096x7168 # grouped GEMMs: GxMxNxK (ragged_dot)
 
 Tuning needs a Hopper GPU: without one it says so and exits with status 2.
 The cache goes to --cache, else $PALLAS_GEMM_CACHE, else the platform's cache
@@ -27,6 +28,11 @@ from pallas_gemm.tuner import L2_MODES, CuptiTimer, SearchSpace, candidate_confi
 _SHAPES = flags.DEFINE_string("shapes", None, "shapes file: JSON sweep or text lines 'M N K'")
 _SWEEP = flags.DEFINE_string(
     "sweep", None, "named sweep of pallas_gemm/shapes (llm, training, ...)"
+)
+_RAGGED = flags.DEFINE_list(
+    "ragged",
+    None,
+    "grouped GEMMs to tune instead: GxMxNxK[:T] (groups, rows, N, K; T: rhs (G, N, K))",
 )
 _M_VALUES = flags.DEFINE_list("m_values", None, "keep only the shapes whose M is one of these")
 _TILE_K = flags.DEFINE_list("tile_k", None, "tile_k values to try (default: all of SearchSpace)")
@@ -59,7 +65,14 @@ NO_GPU_STATUS = 2
 
 def describe(config) -> str:
   """One line per config, e.g. '128x256x64 s4 cooperative/m cluster 1x1 along_n/8'
-  (then ' split_k 4' when K is split)."""
+  (then ' split_k 4' when K is split); a grouped GEMM's '128x256x64 s4 epilogue 64x32
+  along_n/8'."""
+  if not hasattr(config, "schedule"):  # a RaggedConfig
+    em, en = config.epilogue_tile
+    return (
+        f"{config.tile_m}x{config.tile_n}x{config.tile_k} s{config.stages} epilogue {em}x{en} "
+        f"{config.raster}/{config.group}"
+    )
   schedule = config.schedule + ("/" + config.wg_split if config.schedule == "cooperative" else "")
   split = f" split_k {config.split_k}" if config.split_k > 1 else ""
   return (
@@ -174,6 +187,55 @@ def tune_shapes(
   return 1 if failed else 0
 
 
+def ragged_problem(spec: str, dtype: str = "bfloat16"):
+  """A `RaggedProblem` from "GxMxNxK" (":T" after it: rhs stored (G, N, K)).
+
+  >>> ragged_problem("8x4096x2048x7168:T")
+  RaggedProblem(m=4096, n=2048, k=7168, groups=8, dtype='bfloat16', out_dtype='bfloat16', transpose_rhs=True, m_out=None, block_scaled=False)
+  """
+  from pallas_gemm.ragged_gemm import RaggedProblem
+
+  shape, _, layout = spec.partition(":")
+  try:
+    groups, m, n, k = (int(v) for v in shape.split("x"))
+  except ValueError:
+    raise app.UsageError(f"--ragged: {spec!r} is not GxMxNxK[:T]") from None
+  if layout not in ("", "T"):
+    raise app.UsageError(f"--ragged: {spec!r}: the only layout suffix is ':T'")
+  return RaggedProblem(m=m, n=n, k=k, groups=groups, dtype=dtype, out_dtype=dtype,
+                       transpose_rhs=layout == "T")  # fmt: skip
+
+
+def tune_ragged_shapes(
+    problems, *, dry_run: bool, cache, out=None, err=None, timer_factory=None
+) -> int:
+  """`tune_shapes` for grouped GEMMs (`ragged_tuning`): the same statuses."""
+  from pallas_gemm import ragged_tuning
+
+  out, err = out or sys.stdout, err or sys.stderr
+  reason = None if dry_run else missing_gpu()
+  if reason:
+    err.write(f"pallas_gemm.tune: cannot tune: {reason}. --dry-run lists the candidates.\n")
+    return NO_GPU_STATUS
+  failed = 0
+  for i, problem in enumerate(problems, 1):
+    candidates = ragged_tuning.candidate_configs(problem)
+    out.write(f"[{i}/{len(problems)}] ragged {problem}: {len(candidates)} candidates\n")
+    if dry_run:
+      out.writelines(f"    {describe(config)}\n" for config in candidates)
+      continue
+    timer = (timer_factory or ragged_tuning.CuptiTimer)(problem)
+    try:
+      best = ragged_tuning.tune_ragged(problem, timer=timer, cache=cache)
+    except RuntimeError as e:
+      out.write(f"  failed: {e}\n")
+      failed += 1
+      continue
+    ms = cache.record(tuning_cache.TuningKey.current(problem, kernel="ragged")).time_ms
+    out.write(f"  best {describe(best)}: {ms:.4f} ms, {problem.flops / ms / 1e9:.1f} TFLOP/s\n")
+  return 1 if failed else 0
+
+
 def _load_shapes():
   from pallas_gemm import shapes
 
@@ -190,6 +252,11 @@ def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cache = tuning_cache.TuningCache(_CACHE.value or tuning_cache.cache_path())
+  if _RAGGED.value:
+    if _SHAPES.value or _SWEEP.value:
+      raise app.UsageError("--ragged tunes grouped GEMMs alone: drop --shapes / --sweep")
+    problems = [ragged_problem(spec) for spec in _RAGGED.value]
+    return tune_ragged_shapes(problems, dry_run=_DRY_RUN.value, cache=cache)
   space = SearchSpace(deepest_stages=_DEEPEST_STAGES.value, refine_top=_REFINE_TOP.value)
   if _TILE_K.value:
     space = dataclasses.replace(space, tile_k=tuple(int(k) for k in _TILE_K.value))

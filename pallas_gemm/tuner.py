@@ -500,13 +500,12 @@ def _confirm(ranked, timer: Timer, rounds: int, progress: Progress | None, done:
   return [(ms, config) for ms, _, config in sorted(medians)]
 
 
-def _first_correct(ranked, timer: Timer, problem: GemmProblem):
+def _first_correct(ranked, timer: Timer, problem, bound: float):
   """The fastest (ms, config) of `ranked` whose output `timer.verify` accepts (no verify: the
   fastest). A config that computes wrong numbers is skipped with a warning, never cached."""
   verify = getattr(timer, "verify", None)
   if verify is None:
     return ranked[0]
-  bound = VERIFY_BOUNDS.get(problem.out_dtype, 0.25)
   for ms, config in ranked:
     err = verify(config)
     if err <= bound:
@@ -517,6 +516,60 @@ def _first_correct(ranked, timer: Timer, problem: GemmProblem):
         stacklevel=3,
     )
   raise RuntimeError(f"no candidate config computed {problem} correctly")
+
+
+def search(
+    problem,
+    candidates,
+    variants: Callable,
+    timer,
+    space: SearchSpace = SearchSpace(),
+    progress: Progress | None = None,
+):
+  """(median ms, config) of the fastest of `candidates` for `problem`, any kernel's configs.
+
+  Phase 1 times every candidate; phase 2 times `variants(config)` (configs that differ
+  only in the order of the work, e.g. the raster) of the `space.refine_top` fastest;
+  phase 3 times the `space.confirm_top` fastest again in `space.confirm_rounds`
+  interleaved rounds and ranks them by their median. A timer with `prepare(configs)`
+  is handed each phase's configs first; with `verify(config)`, the winner is the
+  fastest whose output is within `VERIFY_BOUNDS` of the XLA path. Candidates that fail
+  are skipped with one warning; if all fail, RuntimeError.
+
+  >>> search("p", [1, 2, 3], lambda c: [c], lambda c: {1: 3.0, 2: 1.0, 3: 2.0}[c])
+  (1.0, 2)
+  """
+  per_config = len(variants(candidates[0]))
+  refining = min(space.refine_top, len(candidates)) * per_config
+  estimate = len(candidates) + refining + space.confirm_top * space.confirm_rounds
+  prepare = getattr(timer, "prepare", lambda configs: None)
+  prepare(candidates)
+  ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
+  refine = [v for _, config in ranked[: space.refine_top] for v in variants(config)]
+  prepare(refine)
+  refined, more_failures = _fastest(refine, timer, progress, len(candidates), estimate)
+  failures += more_failures
+  if failures:
+    config, error = failures[0]
+    warnings.warn(
+        f"{len(failures)} of {len(candidates) + len(refine)} configs failed for "
+        f"{problem} (first: {config}: {type(error).__name__}: {error})",
+        stacklevel=3,
+    )
+  if not ranked:
+    raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
+  best_of = {}  # config -> its fastest phase 1 or 2 time; a variant may repeat a config
+  for ms, config in sorted(ranked + refined, key=lambda pair: pair[0]):
+    best_of.setdefault(config, ms)
+  fastest = [(ms, config) for config, ms in best_of.items()]
+  top, rest = fastest[: space.confirm_top], fastest[space.confirm_top :]
+  done = len(candidates) + len(refine)
+  confirmed = _confirm(
+      top, timer, space.confirm_rounds, progress, done, done + len(top) * space.confirm_rounds
+  )
+  # If every confirmation run failed, the phase 1 and 2 times still rank the configs.
+  bound = VERIFY_BOUNDS.get(problem.out_dtype, 0.25) if hasattr(problem, "out_dtype") else 0.25
+  return _first_correct(confirmed + rest or top, timer, problem, bound)
 
 
 def tune_problem(
@@ -530,50 +583,16 @@ def tune_problem(
 ) -> GemmConfig:
   """Times the candidates of `problem`, stores the fastest in `cache`, returns it.
 
-  `timer` defaults to `CuptiTimer(problem, activation)` (needs the GPU); a
-  timer with a `prepare(configs)` method is handed each phase's configs first
-  (`CuptiTimer` compiles them in parallel);
-  `cache` to the default cache. Candidates that fail are skipped with one
-  warning; if all fail, RuntimeError. The `space.confirm_top` fastest are
-  timed again in `space.confirm_rounds` interleaved rounds and ranked by
-  their median. With a timer that can `verify`, the winner is the fastest
-  config whose output matches the XLA path.
+  `timer` defaults to `CuptiTimer(problem, activation)` (needs the GPU); `cache` to
+  the default cache. The search is `search`'s, with `raster_variants` as phase 2.
   """
   candidates = candidate_configs(problem, space)
   if not candidates:
     GemmConfig().validate(problem)  # raises the reason when the problem itself is unsupported
     raise ValueError(f"no config of the search space is valid for {problem}")
   timer = timer or CuptiTimer(problem, activation)
-  per_config = len(raster_variants(candidates[0], space))
-  refining = min(space.refine_top, len(candidates)) * per_config
-  estimate = len(candidates) + refining + space.confirm_top * space.confirm_rounds
-  prepare = getattr(timer, "prepare", lambda configs: None)
-  prepare(candidates)
-  ranked, failures = _fastest(candidates, timer, progress, 0, estimate)
-  variants = [v for _, config in ranked[: space.refine_top] for v in raster_variants(config, space)]
-  prepare(variants)
-  refined, more_failures = _fastest(variants, timer, progress, len(candidates), estimate)
-  failures += more_failures
-  if failures:
-    config, error = failures[0]
-    warnings.warn(
-        f"{len(failures)} of {len(candidates) + len(variants)} configs failed for "
-        f"{problem} (first: {config}: {type(error).__name__}: {error})",
-        stacklevel=2,
-    )
-  if not ranked:
-    raise RuntimeError(f"every candidate config failed for {problem}") from failures[0][1]
-  best_of = {}  # config -> its fastest phase 1 or 2 time; a raster variant may repeat a config
-  for ms, config in sorted(ranked + refined, key=lambda pair: pair[0]):
-    best_of.setdefault(config, ms)
-  fastest = [(ms, config) for config, ms in best_of.items()]
-  top, rest = fastest[: space.confirm_top], fastest[space.confirm_top :]
-  done = len(candidates) + len(variants)
-  confirmed = _confirm(
-      top, timer, space.confirm_rounds, progress, done, done + len(top) * space.confirm_rounds
-  )
-  # If every confirmation run failed, the phase 1 and 2 times still rank the configs.
-  best_ms, best = _first_correct(confirmed + rest or top, timer, problem)
+  variants = lambda config: raster_variants(config, space)
+  best_ms, best = search(problem, candidates, variants, timer, space, progress)
   cache = cache or tuning_cache.default_cache()
   cache.store(tuning_cache.TuningKey.current(problem, activation), best, best_ms)
   return best

@@ -39,6 +39,11 @@ import jax
 from pallas_gemm import _compat
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.epilogue import ACTIVATIONS
+from pallas_gemm.ragged_gemm import RaggedConfig, RaggedProblem
+
+KERNELS = {"gemm": (GemmProblem, GemmConfig), "ragged": (RaggedProblem, RaggedConfig)}
+"""Kernel name -> (problem class, config class) of what the cache holds: the dense GEMM
+and the grouped GEMM (`ragged_dot`)."""
 
 SCHEMA_VERSION = 1
 """Bumped whenever the file layout changes; files of another version are ignored."""
@@ -90,21 +95,34 @@ def layout_name(problem: GemmProblem) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TuningKey:
-  """What a tuned config is valid for: device kind, jax version, problem, activation."""
+  """What a tuned config is valid for: device kind, jax version, problem, activation, and
+  the kernel ("gemm", or "ragged" with a `RaggedProblem`)."""
 
   device_kind: str
   jax_version: str
-  problem: GemmProblem
+  problem: GemmProblem | RaggedProblem
   activation: str | None = None
+  kernel: str = "gemm"
 
   @classmethod
-  def current(cls, problem: GemmProblem, activation: str | None = None) -> TuningKey:
+  def current(cls, problem, activation: str | None = None, kernel: str = "gemm") -> TuningKey:
     """The key of `problem` on this process's default device and jax."""
-    return cls(jax.devices()[0].device_kind, jax.__version__, problem, activation)
+    return cls(jax.devices()[0].device_kind, jax.__version__, problem, activation, kernel)
 
   def token(self) -> str:
-    """The key as one readable string (the cache file's index)."""
+    """The key as one readable string (the cache file's index).
+
+    >>> from pallas_gemm.ragged_gemm import RaggedProblem
+    >>> TuningKey("H100", "0.11.2", RaggedProblem(m=4096, n=2048, k=7168, groups=8), kernel="ragged").token()
+    'H100|jax 0.11.2|ragged 8x4096x2048x7168 bfloat16->bfloat16 N'
+    """
     p = self.problem
+    if self.kernel == "ragged":
+      scaled = " blockwise" if p.block_scaled else ""
+      return (
+          f"{self.device_kind}|jax {self.jax_version}|ragged {p.groups}x{p.m}x{p.n}x{p.k} "
+          f"{p.dtype}->{p.out_dtype} {'NT'[p.transpose_rhs]}{scaled}"
+      )
     shape = f"{p.m}x{p.n}x{p.k}" if p.batch == 1 else f"{p.batch}x{p.m}x{p.n}x{p.k}"
     return (
         f"{self.device_kind}|jax {self.jax_version}|{shape} {p.dtype}->{p.out_dtype} "
@@ -112,18 +130,23 @@ class TuningKey:
     )
 
   def to_json(self) -> dict:
-    return {
+    data = {
         "device_kind": self.device_kind,
         "jax_version": self.jax_version,
         "problem": dataclasses.asdict(self.problem),
         "activation": self.activation,
     }
+    if self.kernel != "gemm":  # GEMM entries keep the format of older files
+      data["kernel"] = self.kernel
+    return data
 
   @classmethod
   def from_json(cls, data: dict) -> TuningKey:
-    return cls(
-        data["device_kind"], data["jax_version"], GemmProblem(**data["problem"]), data["activation"]
-    )
+    kernel = data.get("kernel", "gemm")
+    if kernel not in KERNELS:
+      raise ValueError(f"unknown kernel {kernel!r} (known: {sorted(KERNELS)})")
+    problem = KERNELS[kernel][0](**data["problem"])
+    return cls(data["device_kind"], data["jax_version"], problem, data["activation"], kernel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +154,7 @@ class TuningRecord:
   """A cache entry: the winning config and its median time."""
 
   key: TuningKey
-  config: GemmConfig
+  config: GemmConfig | RaggedConfig
   time_ms: float
 
   def to_json(self) -> dict:
@@ -145,7 +168,8 @@ class TuningRecord:
   def from_json(cls, data: dict) -> TuningRecord:
     """Parses and re-validates an entry; raises if it is malformed or no longer valid."""
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
-    record = cls(TuningKey.from_json(data["key"]), GemmConfig(**fields), float(data["time_ms"]))
+    key = TuningKey.from_json(data["key"])
+    record = cls(key, KERNELS[key.kernel][1](**fields), float(data["time_ms"]))
     record.config.validate(record.key.problem)
     return record
 
@@ -295,12 +319,12 @@ class TuningCache:
   def record(self, key: TuningKey) -> TuningRecord | None:
     return self.records().get(key.token())
 
-  def lookup(self, key: TuningKey) -> GemmConfig | None:
+  def lookup(self, key: TuningKey) -> GemmConfig | RaggedConfig | None:
     """The tuned config for `key`, or None if it was never tuned."""
     record = self.record(key)
     return record.config if record else None
 
-  def store(self, key: TuningKey, config: GemmConfig, time_ms: float) -> None:
+  def store(self, key: TuningKey, config: GemmConfig | RaggedConfig, time_ms: float) -> None:
     """Adds (or replaces) the entry for `key`, merged with the file under a lock.
 
     An unwritable location is reported with a warning, not an error: tuning
@@ -411,3 +435,12 @@ def lookup_config(problem: GemmProblem, activation: str | None = None) -> GemmCo
   """
   key = TuningKey.current(problem, activation)
   return default_cache().lookup(key) or packaged_config(problem, activation, key.device_kind)
+
+
+def lookup_ragged_config(problem: RaggedProblem) -> RaggedConfig | None:
+  """The tuned grouped-GEMM config of `problem` on this device (`ragged_tuning`), or None.
+
+  >>> lookup_ragged_config(RaggedProblem(m=64, n=64, k=64, groups=2)) is None  # never tuned
+  True
+  """
+  return default_cache().lookup(TuningKey.current(problem, kernel="ragged"))
