@@ -40,6 +40,7 @@ from pallas_gemm import compile_once
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import pipeline
 from pallas_gemm import raster
+from pallas_gemm import schedules
 from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm import tile_epilogue
@@ -257,7 +258,7 @@ def _kernel(
   residuals = [r for r in (residual_gmem, residual_up_gmem) if r is not None]
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   wm, wn = cfg.wg_tile
-  pingpong = cfg.schedule == "pingpong"
+  schedule = schedules.of(cfg)
   out_dtype = out_gmem.dtype
   acc_dtype = jnp.int32 if prob.dtype in INT_DTYPES else jnp.float32
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
@@ -370,13 +371,9 @@ def _kernel(
       b_up_tile = extra[0] if b_up_gmem is not None else None
       if prob.transpose_a:
         a_tile = _compat.transpose_2d(a_tile)
-      elif not pingpong and cfg.wg_split == "m":
-        a_tile = a_tile.at[pl.ds(wg * wm, wm), :]
-      if not pingpong and cfg.wg_split == "n":
-        if prob.transpose_b:
-          b_tile = b_tile.at[pl.ds(wg * wn, wn), :]
-        else:
-          b_tile = b_tile.at[:, pl.ds(wg * wn, wn)]
+      else:
+        a_tile = schedule.a_view(a_tile, wg)
+      b_tile = schedule.b_view(b_tile, wg, prob.transpose_b)
       if b_up_tile is not None:
         if prob.transpose_b:
           b_tile, b_up_tile = _compat.transpose_2d(b_tile), _compat.transpose_2d(b_up_tile)
@@ -389,11 +386,11 @@ def _kernel(
       """Blockwise fp8: the multiplier of one K block's product, A's per-row scales of
       this warpgroup's rows times B's (128 x 128) block scale (of tile column ni) or
       per-row scales."""
-      rows = pl.ds(0 if pingpong or cfg.wg_split != "m" else wg * wm, wm)
+      rows = pl.ds(schedule.scale_rows(wg), wm)
       factor = lax.broadcast_in_dim(a_scales[0, rows], (wm, wn), (0,))
       if prob.b_scale_rows > 1:
         return factor * b_scales[0, lax.rem(ni, B_SCALE_BOX)]
-      cols = pl.ds(0 if pingpong or cfg.wg_split != "n" else wg * wn, wn)
+      cols = pl.ds(schedule.scale_cols(wg), wn)
       return factor * lax.broadcast_in_dim(b_scales[0, cols], (wm, wn), (1,))
 
     def compute_unit(step0, tile_index, kb, ke):
@@ -406,12 +403,7 @@ def _kernel(
         out_row0 = gather.out_row0(device_step)
         unit_operands = gather.forwarding(operands, wg, device_step, mi, ni)
       whole = isinstance(kb, int)  # static: the whole tile, no stream-K fixup
-      if pingpong:
-        row0, col0 = mi * tm, ni * tn
-      elif cfg.wg_split == "m":
-        row0, col0 = mi * tm + wg * wm, ni * tn
-      else:
-        row0, col0 = mi * tm, ni * tn + wg * wn
+      row0, col0 = schedule.origin(mi, ni, wg)
       if gather is not None:
         row0 = row0 + out_row0
 
@@ -483,21 +475,7 @@ def _kernel(
       epi.run(result, batch_idx, row0, col0, scalars, partials)
 
     def consumer():
-      if not pingpong:
-        for_each_unit(compute_unit)
-        plgpu.wait_smem_to_gmem(0)
-        return
-
-      # Pingpong: warpgroups take turns; each passes over the other's stages (`Ring.skip`)
-      # after its own tile's epilogue, which so overlaps the other's main loop. Both
-      # consumers wait on and release every stage, as the ring requires.
-      def alternate(index, local_index, step0):
-        mine = lax.rem(local_index, 2) == wg
-        pl.when(mine)(lambda: compute_unit(step0, index, 0, p.k_iters))
-        pl.when(jnp.logical_not(mine))(lambda: ring.skip(step0, p.k_iters))
-
-      pipeline.persistent_loop(p.num_tiles, alternate, steps_of=p.k_iters, workers=p.workers)
-      plgpu.wait_smem_to_gmem(0)
+      schedule.consume(compute_unit, for_each_unit, ring, p, wg)
 
     pipeline.warp_specialized(producer, consumer)
 
