@@ -229,6 +229,12 @@ def _collective(
     raise ValueError(f"x and w must be 2-D (M, K) and (K, N), got {x.shape} and {w.shape}")
   if x.shape[1] != w.shape[0]:
     raise ValueError(f"x's columns ({x.shape[1]}) must equal w's rows ({w.shape[0]})")
+  if x.dtype != w.dtype:
+    raise TypeError(f"x and w must have the same dtype, got {x.dtype} and {w.dtype}")
+  try:
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+  except TypeError as e:
+    raise TypeError(f"out_dtype must be a dtype, got {out_dtype!r}") from e
   if bias is not None and jnp.shape(bias) != (w.shape[1],):
     raise ValueError(f"bias must have shape ({w.shape[1]},), got {jnp.shape(bias)}")
   if not isinstance(comm_sms, int) or comm_sms < 0:
@@ -247,7 +253,7 @@ def _collective(
         f"addresses its peers by their index along it); mesh axes {mesh.axis_names}"
     )
   call = GemmCall(
-      out_dtype=jnp.dtype(out_dtype or x.dtype).name,
+      out_dtype=out_dtype.name,
       implementation=implementation,
       activation=epilogue_lib.activation_name(activation, custom=True),
   )

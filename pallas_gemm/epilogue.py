@@ -166,6 +166,19 @@ def activation_name(activation, argument: str = "activation", *, custom: bool = 
   except TypeError:  # unhashable
     pass
   if custom and callable(activation):
+    probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+    try:
+      out = jax.eval_shape(activation, probe)
+    except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
+      raise ValueError(
+          f"{argument}: {activation!r} must be an elementwise function of one f32 array; "
+          f"calling it on one failed ({type(e).__name__}: {e})"
+      ) from e
+    if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
+      raise ValueError(
+          f"{argument}: {activation!r} must be elementwise: f(x) keeps x's shape and f32 "
+          f"dtype; a (2, 3) f32 array gave {out}"
+      )
     return CustomActivation(activation)
   names = sorted([*ACTIVATIONS, *ALIASES])
   allowed = f"None, one of {names}" + (

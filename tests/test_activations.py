@@ -102,6 +102,20 @@ def test_matmul_takes_a_custom_activation_and_its_gradient(fn):
     assert rel(g, r) < 1e-4
 
 
+@pytest.mark.parametrize(
+    "fn, rule",
+    [
+        (lambda x: jnp.sum(x), "keeps x's shape"),
+        (lambda x: x.astype(jnp.bfloat16), "keeps x's shape and f32"),
+        (lambda x, y: x + y, "calling it on one failed"),
+    ],
+    ids=["reduces", "casts", "two_arguments"],
+)
+def test_a_custom_activation_that_is_not_elementwise_is_named(fn, rule):
+  with pytest.raises(ValueError, match=rf"^activation: .* must be .*{rule}"):
+    pallas_gemm.matmul(jnp.ones((4, 8)), jnp.ones((8, 2)), activation=fn, implementation="xla")
+
+
 def test_a_custom_activation_is_one_static_value_per_function():
   a, b = epilogue.activation_name(softcap, custom=True), epilogue.activation_name(
       softcap, custom=True

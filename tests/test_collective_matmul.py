@@ -187,6 +187,16 @@ def test_the_fused_schedule_needs_whole_row_tiles_and_its_kernel_rules():
     )  # fmt: skip
 
 
+def test_bad_dtypes_are_named():
+  mesh = _mesh(1)
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, P()))
+  x, w = put(jnp.ones((4, 8), jnp.bfloat16)), put(jnp.ones((8, 2), jnp.float32))
+  with pytest.raises(TypeError, match="x and w must have the same dtype, got bfloat16 and float32"):
+    cm.all_gather_matmul(x, w, axis_name="tp", implementation="xla")
+  with pytest.raises(TypeError, match="out_dtype must be a dtype, got 'int3'"):
+    cm.matmul_reduce_scatter(x, x.T, axis_name="tp", out_dtype="int3", implementation="xla")
+
+
 def test_operands_off_any_explicit_mesh_are_rejected():
   with pytest.raises(ValueError, match="must name an Explicit axis"):
     cm.all_gather_matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), axis_name="tp", implementation="xla")
