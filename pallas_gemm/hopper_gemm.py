@@ -302,21 +302,7 @@ def _kernel(
             steps_of=kt,
             workers=p.workers,
         )
-      start, length = sk.range_of(sm)
-      first = lax.div(start, kt)
-      end = jnp.where(length > 0, lax.div(start + length + kt - 1, kt), first)
-
-      @pl.loop(first, end)
-      def _(tile_index):
-        kb = jnp.maximum(start - tile_index * kt, 0)
-        ke = jnp.minimum(start + length - tile_index * kt, kt)
-        visit(tile_index * kt + kb - start, tile_index, kb, ke)
-
-      @pl.loop(0, sk.dp_tiles_per_worker)
-      def _(i):
-        visit(length + i * kt, sk.sk_tiles + sm + i * p.workers, 0, kt)
-
-      return length + sk.dp_tiles_per_worker * kt
+      return sk.for_each_unit(visit, sm)
 
     def partial_slot(worker):
       """This CTA's and warpgroup's stream-K workspace slot (and semaphore) of `worker`."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.experimental.pallas as pl
 import jax.numpy as jnp
 from jax import lax
 
@@ -91,6 +92,27 @@ class Schedule:
         int(self.owner((t + 1) * self.k_iters - 1)) - int(self.owner(t * self.k_iters))
         for t in range(self.sk_tiles)
     )
+
+  def for_each_unit(self, visit, worker):
+    """Inside the kernel: visit(step0, tile_index, kb, ke) for each unit of `worker`'s
+    work (its range of the stream-K tiles' K steps, then its whole tiles), in order; a
+    unit is K steps [kb, ke) of one tile, step0 its first ring step. Returns the steps."""
+    kt = self.k_iters
+    start, length = self.range_of(worker)
+    first = lax.div(start, kt)
+    end = jnp.where(length > 0, lax.div(start + length + kt - 1, kt), first)
+
+    @pl.loop(first, end)
+    def _(tile_index):
+      kb = jnp.maximum(start - tile_index * kt, 0)
+      ke = jnp.minimum(start + length - tile_index * kt, kt)
+      visit(tile_index * kt + kb - start, tile_index, kb, ke)
+
+    @pl.loop(0, self.dp_tiles_per_worker)
+    def _(i):
+      visit(length + i * kt, self.sk_tiles + worker + i * self.workers, 0, kt)
+
+    return length + self.dp_tiles_per_worker * kt
 
   def segments(self, worker: int) -> list[tuple[int, int, int]]:
     """(tile, first k, end k) of every stream-K segment of `worker`, in order (ints)."""
