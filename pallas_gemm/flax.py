@@ -2,7 +2,7 @@
 
 `Linear` is an `nnx.Linear` and `Dense` a `linen.Dense`, with the same
 constructor plus `activation=` ("relu", "gelu_tanh", "gelu_exact", "silu",
-"sigmoid") and `implementation=`, and the same parameters (`kernel` of shape
+"sigmoid", or any elementwise function) and `implementation=`, and the same parameters (`kernel` of shape
 (in, out), `bias` (out,)), so checkpoints interchange with Flax's layers.
 
 For the GEMM alone, Flax's own layers take the kernel by injection:
@@ -66,8 +66,9 @@ class Linear(nnx.Linear):
 
   Args:
     in_features, out_features, **kwargs: as `nnx.Linear` (`dot_general` is unused).
-    activation: as `pallas_gemm.matmul` (a name or a jax.nn / flax.nnx function;
-      checked here, not at the first call).
+    activation: as `pallas_gemm.matmul` (a name, a jax.nn / flax.nnx function, or any
+      other elementwise function, traced into the kernel; checked here, not at the
+      first call).
     implementation: as `pallas_gemm.matmul`; None picks the kernel on a GPU, and
       XLA elsewhere or for operand dtypes the kernel does not take.
   """
