@@ -568,7 +568,7 @@ def search(
       top, timer, space.confirm_rounds, progress, done, done + len(top) * space.confirm_rounds
   )
   # If every confirmation run failed, the phase 1 and 2 times still rank the configs.
-  bound = VERIFY_BOUNDS.get(problem.out_dtype, 0.25) if hasattr(problem, "out_dtype") else 0.25
+  bound = VERIFY_BOUNDS.get(getattr(problem, "out_dtype", None), 0.25)
   return _first_correct(confirmed + rest or top, timer, problem, bound)
 
 
