@@ -282,7 +282,7 @@ def wall_ms(fn, args, iterations) -> float:
   return 1e3 * (time.perf_counter() - start) / iterations
 
 
-def tp_mlp_contenders(mesh, comm_sms):
+def tp_mlp_contenders(mesh, comm_sms, schedules=("bulk", "fused", "ring")):
   """{name: (up, down)}: the column-parallel up projection with tanh-GELU and the
   row-parallel down projection, each taking and returning sharded global arrays."""
   d = "d"
@@ -310,7 +310,9 @@ def tp_mlp_contenders(mesh, comm_sms):
     )(h, w, b)
 
   contenders = {"xla": (xla_up, xla_down), "separate": (sep_up, sep_down)}
-  runs = [("bulk", 0), ("fused", 0)] + [("ring", sms) for sms in sorted({0, *comm_sms})]
+  runs = [(s, 0) for s in ("bulk", "fused") if s in schedules]
+  if "ring" in schedules:
+    runs += [("ring", sms) for sms in sorted({0, *comm_sms})]
   for schedule, sms in runs:
     name = schedule if sms == 0 else f"{schedule}[{sms}]"
     kw = dict(axis_name=d, schedule=schedule, comm_sms=sms)
@@ -321,7 +323,9 @@ def tp_mlp_contenders(mesh, comm_sms):
   return contenders
 
 
-def time_tp_mlp(mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, breakdown=False):
+def time_tp_mlp(
+    mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, schedules, breakdown=False
+):
   """Wall ms of the TP MLP block (fwd+bwd) and of its GEMMs (fwd), and the collectives alone."""
   sh = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
   x = sh(_normal((tokens, d_model), 12), P("d", None))
@@ -331,7 +335,7 @@ def time_tp_mlp(mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, bre
   b_down = sh(_normal((d_model,), 16), P())
   h = sh(_normal((tokens, hidden), 17), P(None, "d"))
   fns = {}
-  for name, (up, down) in tp_mlp_contenders(mesh, comm_sms).items():
+  for name, (up, down) in tp_mlp_contenders(mesh, comm_sms, schedules).items():
 
     def loss(x, w_up, b_up, w_down, b_down, up=up, down=down):
       return jnp.mean(down(up(x, w_up, b_up), w_down, b_down).astype(jnp.float32) ** 2)
@@ -395,6 +399,10 @@ def main(argv=None):
   parser.add_argument("--tokens", type=int, default=16384)
   parser.add_argument("--breakdown", action="store_true", help="CUPTI kernels of each block step")
   parser.add_argument("--skip-layers", action="store_true", help="only the collective GEMMs")
+  parser.add_argument("--checks", default=None, help="run only these checks (comma-separated)")
+  parser.add_argument(
+      "--schedules", default="bulk,fused,ring", help="collective schedules timed ('' for none)"
+  )
   args = parser.parse_args(argv)
   smoke = args.cpu_smoke or jax.default_backend() != "gpu"
   devices = jax.devices()
@@ -430,6 +438,11 @@ def main(argv=None):
     fused = functools.cache(lambda: check_collective(mesh, m // 2, n, k, impl, "fused"))
     checks["ag_fused"] = lambda: fused()["ag_matmul"]
     checks["rs_fused"] = lambda: fused()["matmul_rs"]
+  if args.checks is not None:
+    wanted = set(filter(None, args.checks.split(",")))
+    if unknown := wanted - set(checks):
+      parser.error(f"--checks: unknown {sorted(unknown)}; known: {sorted(checks)}")
+    checks = {name: check for name, check in checks.items() if name in wanted}
   results = {}
   for name, check in checks.items():
     try:
@@ -442,9 +455,11 @@ def main(argv=None):
       verdict = f"FAILED: {type(e).__name__}: {str(e)[:400]}"
     print(f"check {name:7s} {verdict}", flush=True)
   timing, wall = [], {}
+  schedules = [v for v in args.schedules.split(",") if v]
   if not smoke:
     if not args.skip_layers:
       timing = time_layers(mesh, 16384, 8192, 2048, args.rounds, args.iterations)
+  if not smoke and schedules:
     wall = time_tp_mlp(
         mesh,
         args.tokens,
@@ -453,6 +468,7 @@ def main(argv=None):
         args.rounds,
         args.iterations,
         [int(v) for v in args.comm_sms.split(",") if v],
+        schedules,
         args.breakdown,
     )
   if args.json:

@@ -212,3 +212,12 @@ def vary_like(x, axes: frozenset):
   inside `shard_map` carries no axes; a custom_vjp gradient must match its primal's)."""
   missing = tuple(sorted(axes - varying_axes(x)))
   return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def concrete_mesh_context():
+  """The concrete mesh `jax.set_mesh` put in context (devices and all), or None.
+  (jax has no public getter for it in 0.10-0.11.)"""
+  from jax._src import mesh as mesh_lib
+
+  mesh = mesh_lib.get_concrete_mesh()
+  return None if mesh is None or mesh.empty else mesh

@@ -258,6 +258,8 @@ def _collective(
       activation=epilogue_lib.activation_name(activation, custom=True),
   )
   size = mesh.shape[axis_name]
+  if schedule == "fused":  # the kernel's lowering names its peers' device ids
+    mesh = sharding.concrete_mesh(mesh)
   if x.shape[0] % size:
     raise ValueError(f"x's rows ({x.shape[0]}) must divide by the size of {axis_name!r} ({size})")
   return Collective(mesh, axis_name, size, call, schedule, comm_sms)

@@ -43,15 +43,26 @@ from pallas_gemm import _compat
 from pallas_gemm import kernel_cache
 
 
-def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
+def kernel_entry(
+    fn: Callable | None = None,
+    *,
+    static_argnames: Iterable[str],
+    mesh_dependent: Iterable[str] = (),
+):
   """`fn` as a `jax.jit` function keyed on `static_argnames` (hashable values).
 
   Every other argument must be an array or None; pass the static ones by keyword.
-  Usable as `@kernel_entry(static_argnames=...)`.
+  Usable as `@kernel_entry(static_argnames=...)`. `mesh_dependent`: static arguments
+  that, when set, make the kernel talk to other devices; its lowering then names their
+  ids (from the enclosing `shard_map`'s mesh), so it is lowered in place, never by the
+  lowering pool nor from the kernel store (`kernel_cache`), whose keys hold no mesh.
   """
   if fn is None:
-    return functools.partial(kernel_entry, static_argnames=static_argnames)
+    return functools.partial(
+        kernel_entry, static_argnames=static_argnames, mesh_dependent=mesh_dependent
+    )
   static_argnames = tuple(static_argnames)
+  mesh_dependent = tuple(mesh_dependent)
   kernel_cache.register(fn)
 
   @functools.wraps(fn)
@@ -60,7 +71,10 @@ def kernel_entry(fn: Callable | None = None, *, static_argnames: Iterable[str]):
     mosaic = static.get("interpret") is None
     if mosaic:  # the real kernel: never on another GPU
       _compat.require_hopper(f"{fn.__module__}.{fn.__name__} (implementation='pallas')")
-    return kernel_cache.launch(fn, static, args, kwargs, lower_ahead=mosaic)
+    storable = not any(static.get(name) for name in mesh_dependent)
+    return kernel_cache.launch(
+        fn, static, args, kwargs, lower_ahead=mosaic and storable, storable=storable
+    )
 
   return jax.jit(entry, static_argnames=static_argnames)
 

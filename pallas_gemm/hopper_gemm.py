@@ -717,7 +717,8 @@ def hopper_gemm(
         "all_gather",
         "interpret",
         "experiment",
-    )
+    ),
+    mesh_dependent=("all_gather",),
 )
 def _launch(
     a,

@@ -51,17 +51,27 @@ kernel_p = jex_core.Primitive("pallas_gemm_kernel")
 kernel_p.multiple_results = True
 
 
-def launch(fn, static: dict, args: tuple, kwargs: dict | None = None, *, lower_ahead=False):
+def launch(
+    fn,
+    static: dict,
+    args: tuple,
+    kwargs: dict | None = None,
+    *,
+    lower_ahead=False,
+    storable=True,
+):
   """`fn(*args, **kwargs, **static)` through `kernel_p` (arrays or None in args, kwargs).
 
   `lower_ahead=True` (a Mosaic GPU kernel): a kernel not lowered yet is handed to
   `lowering_pool` now, to be lowered while the rest of the program is traced.
+  `storable=False`: always lowered where it is called (its lowering depends on more
+  than the key holds), never stored.
   """
   kwargs = kwargs or {}
   flat, tree = jax.tree.flatten((args, kwargs))
   avals = [jax.typeof(x) for x in flat]
   closed, out_shape = jax.make_jaxpr(_flat_fn(fn, static, tree), return_shape=True)(*flat)
-  key = entry_key(fn, static, tree, avals)
+  key = entry_key(fn, static, tree, avals) if storable else None
   if lower_ahead and key is not None:
     _lower_ahead(key, fn, static, tree, avals)
   outs = kernel_p.bind(*flat, jaxpr=closed, key=key)

@@ -35,8 +35,10 @@ import dataclasses
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from pallas_gemm import _compat
 from pallas_gemm import batching
 from pallas_gemm.batching import GemmCall
 
@@ -91,6 +93,30 @@ def explicit_mesh(*arrays):
     if any(kind == AxisType.Explicit for kind in mesh.axis_types):
       return mesh
   return None
+
+
+def concrete_mesh(mesh):
+  """`mesh` with its devices: itself if it has them, else `jax.set_mesh`'s mesh of that
+  shape, else the first `mesh.size` devices in row-major order (the order Mosaic GPU's
+  collective kernels require: they address peers by device id).
+
+  >>> m = jax.sharding.AbstractMesh((1,), ("d",))
+  >>> concrete_mesh(m).devices.ravel().tolist() == jax.devices()[:1]
+  True
+  """
+  if isinstance(mesh, jax.sharding.Mesh):
+    return mesh
+  current = _compat.concrete_mesh_context()
+  if current is not None and current.abstract_mesh == mesh:
+    return current
+  devices = jax.devices()
+  if mesh.size > len(devices):
+    raise ValueError(f"the mesh {mesh} needs {mesh.size} devices; this process has {len(devices)}")
+  return jax.sharding.Mesh(
+      np.array(devices[: mesh.size]).reshape(mesh.axis_sizes),
+      mesh.axis_names,
+      axis_types=mesh.axis_types,
+  )
 
 
 def reshard(x, spec, mesh=None):

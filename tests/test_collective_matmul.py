@@ -119,6 +119,8 @@ def test_the_kernel_path_lowers_for_cuda(name, schedule):
     text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
         *sds
     ).mlir_module()
+  if schedule == "fused":  # the kernel names its peers (no replica ids: a runtime error)
+    assert 'xla_replica_ids = "0,1"' in text
   collectives = {
       "bulk": ("all_gather", "reduce_scatter"),
       "ring": ("collective_permute",),
@@ -126,6 +128,24 @@ def test_the_kernel_path_lowers_for_cuda(name, schedule):
   }[schedule]
   assert all(op in text for op in collectives)  # forward and backward
   assert "mosaic_gpu" in text
+
+
+@needs_devices
+def test_the_fused_kernel_names_its_peers_without_set_mesh():
+  """Arrays on a mesh, no `jax.set_mesh`: jit traces on the abstract mesh, and the
+  kernel's lowering still names the devices (else a runtime error, 'No replica ids')."""
+  if cm._compat.JAX_VERSION < (0, 11, 0):
+    pytest.skip(f"jax {jax.__version__}: the fused schedule's kernel is built for jax >= 0.11")
+  mesh = _mesh(2)
+  sds = [
+      jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+      for shape, spec in zip(((512, 256), (256, 384)), LAYOUTS["all_gather_matmul"])
+  ]
+  f = lambda x, w: cm.all_gather_matmul(
+      x, w, axis_name="tp", implementation="pallas", schedule="fused"
+  )
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(*sds).mlir_module()
+  assert 'xla_replica_ids = "0,1"' in text
 
 
 def test_a_ring_step_leaves_comm_sms_to_the_collective():
