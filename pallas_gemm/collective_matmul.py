@@ -13,8 +13,9 @@ layer reduce-scatters its partial products after it:
 Each is the other's backward (the gradient of a gather is a reduce-scatter), and both
 are differentiable in x, w and bias: the backward keeps the gathered rows and runs one
 weight-gradient GEMM over them. The gather's epilogue (bias, activation) runs in its
-kernel; the reduce-scatter's runs once on the summed rows, in one XLA pass. Partial sums
-travel in the output dtype when it has 16 bits, as XLA's own reduce-scatter does.
+kernel; the reduce-scatter's runs once on the summed rows, in one XLA pass ("fused": in
+the kernel). Partial sums travel in the output dtype when it has 16 bits, as XLA's own
+reduce-scatter does ("fused": too, each hop's sum taken in f32).
 
 Three schedules of the collective against the GEMM:
   "bulk"   one NCCL all-gather (or reduce-scatter) and one GEMM over all rows: the default.
@@ -25,12 +26,13 @@ Three schedules of the collective against the GEMM:
            ring costs its extra passes and wins nothing there; it is kept, measured, for
            stacks that overlap it. `comm_sms` leaves SMs free of the ring's persistent
            GEMMs for NCCL's kernels.
-  "fused"  the gather inside the GEMM kernel (`hopper_gemm(all_gather=)`): the chunks go
-           from GPU to GPU by TMA stores of the kernel's own A stages while it multiplies,
-           as jax's `collective_matmul_mgpu` does (which overlapped on the same machine);
-           the reduce-scatter is still "bulk"'s. A mesh of the ring axis alone, a Hopper
-           GPU, rows per device a multiple of 128. Built and lowered, not yet run on GPUs
-           (NOTES exp. 72).
+  "fused"  the collective inside the GEMM kernel (`device_rings`). The gather
+           (`hopper_gemm(all_gather=)`): the chunks go from GPU to GPU by TMA stores of
+           the kernel's own A stages while it multiplies, as jax's `collective_matmul_mgpu`
+           does. The reduce-scatter (`hopper_gemm(reduce_scatter=)`): each step's running
+           sums go to the neighbour by TMA stores from the epilogue's SMEM, and the last
+           step's sum runs the epilogue in the kernel. A mesh of the ring axis alone, a Hopper GPU,
+           rows per device a multiple of 128 (NOTES exps. 72, 74).
 
 >>> import jax, jax.numpy as jnp
 >>> from jax.sharding import AxisType, PartitionSpec as P
@@ -124,33 +126,46 @@ class Collective:
 
   def _fused_gather(self, x, call, w, bias):
     """`gather` by the kernel with the all-gather inside (one launch, no NCCL)."""
-    m, k = x.shape
+    *outputs, received = self._ring_kernel("all_gather", x, x.shape[0], call, w, bias)
+    chunks = [x, *(received[i] for i in range(self.size - 1))]  # ring order
+    return tuple(outputs), self._device_order(chunks)
+
+  def fused_reduce(self, rows, call, w, bias=None):
+    """The outputs of `call` (epilogue included) on this device's rows of the sum over
+    devices of rows @ w, by the kernel with the reduce-scatter inside."""
+    m = rows.shape[0] // self.size
+    *outputs, _ = self._ring_kernel("reduce_scatter", rows, m, call, w, bias)
+    return tuple(outputs)
+
+  def _ring_kernel(self, kind, rows, m, call, w, bias):
+    """`hopper_gemm` with the collective `kind` inside, on chunks of `m` rows."""
+    k = rows.shape[1]
     n = w.shape[0] if call.transpose_b else w.shape[1]
     problem = GemmProblem(
-        m=m, n=n, k=k, dtype=x.dtype.name, out_dtype=call.out_dtype,
+        m=m, n=n, k=k, dtype=rows.dtype.name, out_dtype=call.out_dtype,
         transpose_b=call.transpose_b, has_bias=bias is not None,
     )  # fmt: skip
     config = fused_config(problem, call.config)
     spec = epilogue_lib.EpilogueSpec(activation=call.activation)
     if bias is not None:  # f32, whole tiles (as `gemm` passes it)
       bias = jnp.pad(bias.astype(jnp.float32), (0, -n % config.tile_n))
-    outs = hopper_gemm.hopper_gemm(
-        x, w, bias,
+    return hopper_gemm.hopper_gemm(
+        rows, w, bias,
         problem=problem, config=config, epilogue=spec, return_pre=call.return_pre,
-        all_gather=(self.axis, self.size),
+        **{kind: (self.axis, self.size)},
     )  # fmt: skip
-    *outputs, received = outs
-    chunks = [x, *(received[i] for i in range(self.size - 1))]  # ring order
-    return tuple(outputs), self._device_order(chunks)
 
-  def reduce(self, rows, partial):
-    """This device's rows of the sum over devices of partial(rows).
+  def reduce(self, rows, call, w):
+    """This device's rows of the sum over devices of `call` on (rows, w) (no epilogue).
 
     "ring": one row chunk a step; a chunk's partial sum travels right, each device
-    adding its product, and arrives complete at the chunk's device. "fused" has no
-    in-kernel reduce-scatter yet: it runs "bulk"'s."""
-    if self.schedule in ("bulk", "fused"):
+    adding its product, and arrives complete at the chunk's device. "fused": one
+    kernel that sends the partial sums on itself (`hopper_gemm(reduce_scatter=)`)."""
+    partial = lambda r: batching.gemm(call, r, w)
+    if self.schedule == "bulk":
       return lax.psum_scatter(partial(rows), self.axis, scatter_dimension=0, tiled=True)
+    if self.schedule == "fused":
+      return self.fused_reduce(rows, call, w)[0]
     chunks = rows.reshape(self.size, -1, rows.shape[-1])
     right = [(i, (i + 1) % self.size) for i in range(self.size)]
     here = lax.axis_index(self.axis)
@@ -372,7 +387,7 @@ def _ag_bwd(layer, saved, g):
 
   def local(g, pre, rows, w):
     d_acc, sums = _affine_grad(layer.call, pre if layer.call.nonlinear else None, g, dtype)
-    dx = layer.reduce(d_acc, lambda d: batching.gemm(dx_call, d, w))
+    dx = layer.reduce(d_acc, dx_call, w)
     dw = batching.gemm(dw_call, rows, d_acc)
     return dx.astype(rows.dtype), dw, sums.astype(dtype if bias is None else bias.dtype)
 
@@ -405,8 +420,13 @@ def _rs_forward(layer, x, w, bias):
   finish = dataclasses.replace(layer.call, return_pre=layer.call.nonlinear)
 
   def local(x, w, *bias):
-    acc = layer.reduce(x, lambda rows: batching.gemm(product, rows, w))
-    y = batching.finish_epilogue(finish, acc.astype(jnp.float32), bias=bias[0] if bias else None)
+    bias = bias[0] if bias else None
+    if layer.schedule == "fused":  # the epilogue in the kernel, on the sum
+      y = layer.fused_reduce(x, finish, w, bias)
+      y = y if finish.return_pre else y[0]
+    else:
+      acc = layer.reduce(x, product, w)
+      y = batching.finish_epilogue(finish, acc.astype(jnp.float32), bias=bias)
     return y if finish.return_pre else (y, jnp.zeros((0,), x.dtype))
 
   specs = (P(None, a), P(a, None)) + ((P(),) if bias is not None else ())

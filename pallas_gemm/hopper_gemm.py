@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
+from pallas_gemm import device_rings
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import pipeline
 from pallas_gemm import raster
@@ -69,10 +70,12 @@ class _Plan:
   """Write the affine part (pre-activation) to a second output as well."""
   workers: int = 1
   """Persistent CTAs (clusters) of the grid."""
-  gather_axis: str | None = None
-  """All-gather of A's rows over this mesh axis (`hopper_gemm(all_gather=)`), or None."""
-  gather_size: int = 1
-  """Devices along `gather_axis`: the device steps, each over one row chunk of A."""
+  ring_kind: str | None = None
+  """A collective inside the kernel (`device_rings.KINDS`), or None."""
+  ring_axis: str | None = None
+  """The mesh axis of its ring."""
+  ring_size: int = 1
+  """Devices along `ring_axis`: the device steps, each over one row chunk."""
 
   @property
   def splits(self) -> int:
@@ -99,13 +102,13 @@ class _Plan:
 
   @property
   def step_tiles(self) -> int:
-    """Output tiles of one device step (of the whole problem without an all-gather)."""
+    """Output tiles of one device step (of the whole problem without a ring)."""
     mc, nc = self.cluster_tiles
     return self.splits * self.problem.batch * mc * nc
 
   @property
   def num_tiles(self) -> int:
-    return self.gather_size * self.step_tiles
+    return self.ring_size * self.step_tiles
 
   @property
   def stream_k(self) -> stream_k_lib.Schedule | None:
@@ -139,90 +142,6 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-@dataclasses.dataclass(frozen=True)
-class _GatherRing:
-  """The all-gather of A's row chunks inside the kernel (`hopper_gemm(all_gather=)`).
-
-  Device d's work is `size` device steps of `step_tiles` tiles; at step s it multiplies
-  chunk (d + s) % size: its own A at s = 0, else the one device d + 1 forwarded into
-  `gathered[s - 1]`. While consumer warpgroup 0 multiplies a tile of the first column,
-  it stores each A stage it consumes into device d - 1's `gathered[s]` (remote TMA
-  stores), and after the tile signals that device's semaphore `s` once. The producer
-  loads a received chunk only once its semaphore has counted every row tile of it.
-  """
-
-  plan: _Plan
-  gathered: Any
-  semaphores: Any
-
-  @classmethod
-  def of(cls, plan, gathered):
-    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((plan.gather_size,)))
-    return cls(plan, gathered, sems)
-
-  def split(self, tile_index):
-    """(device step, tile index within the step) of a work item."""
-    per_step = self.plan.step_tiles
-    return lax.div(tile_index, per_step), lax.rem(tile_index, per_step)
-
-  def out_row0(self, device_step):
-    """The first output row of this step's chunk: device (d + step) % size's rows."""
-    here = lax.axis_index(self.plan.gather_axis)
-    owner = lax.rem(here + device_step, self.plan.gather_size)
-    return owner * self.plan.problem.m
-
-  def wait_for_chunk(self, device_step):
-    """Producer: a received chunk is complete once every row tile of it signalled."""
-
-    @pl.when(device_step > 0)
-    def _():
-      pl.semaphore_wait(self.semaphores.at[device_step - 1], self.plan.m_tiles, decrement=False)
-
-  def fill(self, ring, step, device_step, views, rows_a, cols_a):
-    """Producer: `ring.fill` with A from this step's chunk."""
-    own = device_step == 0
-    pl.when(own)(lambda: ring.fill(step, views))
-    received = [self.gathered.at[jnp.maximum(device_step - 1, 0), rows_a, cols_a], *views[1:]]
-    pl.when(jnp.logical_not(own))(lambda: ring.fill(step, received))
-
-  def _forwards(self, device_step, ni):
-    """Whether this tile's A stages go on to device d - 1 (first column, not the last step)."""
-    return (ni == 0) & (device_step < self.plan.gather_size - 1)
-
-  def _previous_device(self):
-    here = lax.axis_index(self.plan.gather_axis)
-    return lax.rem(here + self.plan.gather_size - 1, self.plan.gather_size)
-
-  def forwarding(self, operands, wg, device_step, mi, ni):
-    """`operands` that first store the stage's A tile into device d - 1's chunk (warpgroup
-    0 of first-column tiles), waiting until the store has read it: the ring releases
-    the stage after the next step's WGMMAs are issued."""
-    cfg = self.plan.config
-    remote = plgpu.remote_ref(self.gathered, self._previous_device())
-    forwards = self._forwards(device_step, ni) & (wg == 0)
-
-    def hooked(k, a_tile, *rest):
-      @pl.when(forwards)
-      def _():
-        target = remote.at[
-            device_step, pl.ds(mi * cfg.tile_m, cfg.tile_m), pl.ds(k * cfg.tile_k, cfg.tile_k)
-        ]
-        plgpu.copy_smem_to_gmem(a_tile, target)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-      return operands(k, a_tile, *rest)
-
-    return hooked
-
-  def signal_forwarded(self, wg, device_step, ni):
-    """After a forwarding tile's K loop: its stores have landed; count it at device d - 1."""
-
-    @pl.when(self._forwards(device_step, ni) & (wg == 0))
-    def _():
-      plgpu.wait_smem_to_gmem(0)
-      pl.semaphore_signal(self.semaphores.at[device_step], 1, device_id=self._previous_device())
-
-
 def _kernel(
     a_gmem,
     b_gmem,
@@ -245,14 +164,15 @@ def _kernel(
   pre_gmem = next(extra_refs) if p.return_pre else None
   up_pre_gmem = next(extra_refs) if p.return_pre and b_up_gmem is not None else None
   amax_gmem = next(extra_refs) if p.problem.amax else None
-  gathered_gmem = next(extra_refs) if p.gather_axis else None
+  ring_gmem = next(extra_refs) if p.ring_kind else None
   sk = p.stream_k
   partials_gmem = next(extra_refs) if sk else None
   # One semaphore per workspace slot, shared by all CTAs (scratch semaphores would be
   # per CTA); Pallas zeroes it before every launch, and every signal is waited for.
   semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((p.partial_slots,))) if sk else None
   cfg, prob = p.config, p.problem
-  gather = _GatherRing.of(p, gathered_gmem) if p.gather_axis else None
+  gather = device_rings.GatherRing.of(p, ring_gmem) if p.ring_kind == "all_gather" else None
+  scatter = device_rings.ScatterRing.of(p, ring_gmem) if p.ring_kind == "reduce_scatter" else None
   # Residual operands, loaded chunk by chunk beside the epilogue: the residual, and with
   # `epilogue.gated_slope` the gated unit's up pre-activation too (slot r of a chunk).
   residuals = [r for r in (residual_gmem, residual_up_gmem) if r is not None]
@@ -311,8 +231,9 @@ def _kernel(
 
     def producer():
       def load_unit(step0, tile_index, kb, ke):
+        if p.ring_kind:
+          device_step, tile_index = device_rings.split(p, tile_index)
         if gather is not None:
-          device_step, tile_index = gather.split(tile_index)
           gather.wait_for_chunk(device_step)
         out_batch, mi, ni = _tile_position(p, tile_index)
         # K slice and operand batch of this tile (slice 0 and out_batch without split-K).
@@ -324,6 +245,8 @@ def _kernel(
         def _(k):
           k0 = (k_slice * p.k_iters + k) * tk  # past K: TMA zero-fills (last slice only)
           rows_a, cols_a = pl.ds(mi * tm, tm), pl.ds(k0, tk)
+          if scatter is not None:  # the step's chunk of A
+            rows_a = pl.ds(scatter.a_row0(device_step) + mi * tm, tm)
           if prob.transpose_a:
             rows_a, cols_a = cols_a, rows_a
           rows_b, cols_b = pl.ds(k0, tk), pl.ds(ni * tn, tn)
@@ -382,8 +305,8 @@ def _kernel(
     def compute_unit(step0, tile_index, kb, ke):
       """K steps [kb, ke) of one tile; then its epilogue, or its stream-K partial."""
       unit_operands = operands
-      if gather is not None:
-        device_step, tile_index = gather.split(tile_index)
+      if p.ring_kind:
+        device_step, tile_index = device_rings.split(p, tile_index)
       batch_idx, mi, ni = _tile_position(p, tile_index)
       if gather is not None:
         out_row0 = gather.out_row0(device_step)
@@ -394,7 +317,9 @@ def _kernel(
         row0 = row0 + out_row0
 
       # Only units that run the epilogue stage them (each load is waited for once).
-      if whole:
+      if scatter is not None:  # the last device step's
+        pl.when(device_step == p.ring_size - 1)(lambda: epi.stage_vectors(batch_idx, row0, col0))
+      elif whole:
         epi.stage_vectors(batch_idx, row0, col0)
       else:
         pl.when(kb == 0)(lambda: epi.stage_vectors(batch_idx, row0, col0))
@@ -434,6 +359,22 @@ def _kernel(
         if gather is not None:
           gather.signal_forwarded(wg, device_step, ni)
         result = acc[...].astype(jnp.float32)  # s8 x s8 WGMMA accumulates exactly in s32
+        if scatter is not None:
+          last = device_step == p.ring_size - 1
+          store_only = lambda target: tile_epilogue.build_store_only(
+              p, wg, out_gmem=target, out_smem=epilogue_refs["out_smem"]
+          )
+          pl.when(jnp.logical_not(last))(
+              lambda: scatter.send(result, device_step, row0, col0, store_only)
+          )
+
+          @pl.when(last)
+          def _():
+            scatter.wait(device_step, row0, col0)
+            partials = scatter.partials(device_step, row0, col0)
+            epi.run(result, batch_idx, row0, col0, scalars, partials)
+
+          return
         if whole:
           epi.run(result, batch_idx, row0, col0, scalars)
           return
@@ -572,34 +513,6 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
   return None
 
 
-def _check_all_gather(all_gather, problem, config, epilogue, interpret, *extras):
-  """What `hopper_gemm(all_gather=)` takes (its docstring), else a ValueError naming it."""
-  if all_gather is None:
-    return
-  axis, size = all_gather
-  rules = {
-      "a schedule 'cooperative'": config.schedule == "cooperative",
-      "whole row tiles (M a multiple of tile_m)": problem.m % config.tile_m == 0,
-      "whole K tiles": problem.k % config.tile_k == 0,
-      "no split-K, stream-K or cluster": (
-          config.k_splits(problem)[0] == 1 and not config.stream_k and config.cluster_size == 1
-      ),
-      "no batch, transposed A, gated or block-scaled problem": (
-          problem.batch == 1
-          and not problem.transpose_a
-          and not epilogue.gated
-          and not problem.block_scaled
-          and not problem.amax
-      ),
-      "no c, row bias, residual, runtime scales or up weights": all(x is None for x in extras),
-      "2 devices or more": isinstance(size, int) and size >= 2,
-      "the kernel on hardware (remote stores have no interpreter)": interpret is None,
-  }
-  broken = [rule for rule, ok in rules.items() if not ok]
-  if broken:
-    raise ValueError(f"all_gather={all_gather!r} needs {'; '.join(broken)}")
-
-
 def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> str:
   """The kernel's symbol in profiles: problem and layout, e.g. `pallas_gemm_4096x512x64_NT`."""
   layout = ("T" if problem.transpose_a else "N") + ("T" if problem.transpose_b else "N")
@@ -631,6 +544,7 @@ def hopper_gemm(
     epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
     return_pre: bool = False,
     all_gather: tuple[str, int] | None = None,
+    reduce_scatter: tuple[str, int] | None = None,
     interpret=None,
 ):
   """Runs the kernel on arrays already laid out for TMA (see `matmul` for the public API).
@@ -669,10 +583,15 @@ def hopper_gemm(
     all_gather: (axis, size), inside `shard_map` over a mesh of that one axis with `size`
       devices: `a` (M, K) is this device's row chunk and the result has the rows of
       all `size` chunks in device order, (size * M, N); the chunks travel between the
-      devices inside the kernel while it multiplies (`_GatherRing`), and the last
+      devices inside the kernel while it multiplies (`device_rings.GatherRing`), and the last
       output is the (size - 1, M, K) chunks received, device (d + 1 + i) % size's in
       entry i. Cooperative schedule, whole tiles (M a multiple of tile_m), no split-K,
       stream-K, cluster, batch, transposed A, gated or scaled epilogue.
+    reduce_scatter: (axis, size), likewise: `a` has `size` row chunks of M rows, and the
+      result is this device's chunk of the sum over devices of the product, (M, N),
+      with the epilogue applied to the sum; the running sums travel between the
+      devices inside the kernel while it multiplies (`device_rings.ScatterRing`), and
+      the last output is the buffer they arrived in. The same rules as all_gather.
     interpret: None on hardware, or GPU interpret-mode params.
   Returns:
     (batch, M, N) or (M, N) array of `problem.out_dtype`; with `config.split_k`
@@ -702,6 +621,7 @@ def hopper_gemm(
       epilogue=epilogue,
       return_pre=return_pre,
       all_gather=all_gather,
+      reduce_scatter=reduce_scatter,
       interpret=interpret,
       experiment=tuple(sorted(EXPERIMENT_COMPILER_PARAMS.items())),
   )
@@ -715,10 +635,11 @@ def hopper_gemm(
         "epilogue",
         "return_pre",
         "all_gather",
+        "reduce_scatter",
         "interpret",
         "experiment",
     ),
-    mesh_dependent=("all_gather",),
+    mesh_dependent=("all_gather", "reduce_scatter"),
 )
 def _launch(
     a,
@@ -740,12 +661,18 @@ def _launch(
     epilogue,
     return_pre,
     all_gather,
+    reduce_scatter,
     interpret,
     experiment,
 ):
   config.validate(problem)
-  _check_all_gather(
-      all_gather,
+  if all_gather and reduce_scatter:
+    raise ValueError("all_gather and reduce_scatter: one ring per kernel")
+  ring_kind = "all_gather" if all_gather else "reduce_scatter" if reduce_scatter else None
+  ring = all_gather or reduce_scatter
+  device_rings.check(
+      ring_kind,
+      ring,
       problem,
       config,
       epilogue,
@@ -814,14 +741,15 @@ def _launch(
       valid_n=problem.n if valid_n is None else valid_n,
       return_pre=return_pre,
       workers=num_sms // config.cluster_size,
-      gather_axis=all_gather[0] if all_gather else None,
-      gather_size=all_gather[1] if all_gather else 1,
+      ring_kind=ring_kind,
+      ring_axis=ring[0] if ring else None,
+      ring_size=ring[1] if ring else 1,
   )
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:
     lead = (plan.splits * problem.batch,)
   out_cols = problem.n // 2 if epilogue.gated else problem.n
-  out_rows = problem.m * plan.gather_size
+  out_rows = problem.m * (plan.ring_size if all_gather else 1)
   out = jax.ShapeDtypeStruct((*lead, out_rows, out_cols), jnp.dtype(problem.out_dtype))
   out_type = (out,) + ((out,) * (1 + epilogue.gated) if return_pre else ())
   extra_params = {}
@@ -836,7 +764,10 @@ def _launch(
     # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
     extra_params["reduction_scratch_bytes"] = 0
   if all_gather:  # the chunks received (and forwarded)
-    out_type += (jax.ShapeDtypeStruct((plan.gather_size - 1, problem.m, problem.k), a.dtype),)
+    out_type += (jax.ShapeDtypeStruct((plan.ring_size - 1, problem.m, problem.k), a.dtype),)
+  if reduce_scatter:  # the running sums received
+    received = device_rings.ScatterRing.received_shape(plan)
+    out_type += (jax.ShapeDtypeStruct(received, jnp.dtype(problem.out_dtype)),)
   outputs = len(out_type)
   if plan.stream_k:  # the contributors' f32 partial sums
     out_type += (jax.ShapeDtypeStruct((plan.partial_slots, *config.wg_tile), jnp.float32),)

@@ -50,7 +50,8 @@ class TileEpilogue:
   stage_vectors(batch_idx, row0, col0): issues the loads of the tile's bias and scale
     vectors and first residual chunks (before the K loop, so they hide behind it).
   run(result, batch_idx, row0, col0, scalars, partials=()): the epilogue of an f32
-    accumulator; `partials` are stream-K contributors' (f32 GMEM tile, valid) pairs.
+    accumulator; `partials` are (GMEM tile, valid) pairs added first: stream-K
+    contributors' (f32) or a reduce-scatter's running sum (`device_rings`).
   run_gated(gate, up, batch_idx, row0, col0): a gated GEMM's (`EpilogueSpec.gated`).
   """
 
@@ -104,6 +105,22 @@ def scratch(
       col_scale_loaded=loaded(col_scale),
       amax_smem=vector(amax, wm),
   )
+
+
+def build_store_only(p, wg, *, out_gmem, out_smem) -> TileEpilogue:
+  """`build` for an epilogue that only adds its partials and stores the sum in
+  `out_gmem`'s dtype (no epilogue spec, operands or extra outputs); `out_smem` is the
+  kernel epilogue's, shared (each store is waited for before a slot is reused)."""
+  absent = (
+      "pre_gmem up_pre_gmem amax_gmem bias_gmem row_bias_gmem c_gmem row_scale_gmem "
+      "col_scale_gmem bias_smem bias_loaded c_loaded row_bias_smem row_bias_loaded res_smem "
+      "res_loaded row_scale_smem row_scale_loaded col_scale_smem col_scale_loaded amax_smem"
+  )
+  plain = dataclasses.replace(p, epilogue=epilogue_lib.EpilogueSpec(), return_pre=False)
+  return build(
+      plain, wg, out_gmem=out_gmem, residuals=(), out_smem=out_smem,
+      **dict.fromkeys(absent.split()),
+  )  # fmt: skip
 
 
 def build(
@@ -177,8 +194,8 @@ def build(
         load_residuals(chunk, chunk % slots, batch_idx, row0, col0)
 
   def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
-    """Epilogue of one warpgroup tile, chunk by chunk; `partials`: stream-K
-    contributors' (f32 GMEM tile, valid) pairs, added to each chunk first."""
+    """Epilogue of one warpgroup tile, chunk by chunk; `partials`: (GMEM tile, valid)
+    pairs, added to each chunk first."""
     if bias_smem is not None:
       plgpu.barrier_wait(bias_loaded.at[wg])
     if row_bias_smem is not None:
@@ -229,7 +246,7 @@ def build(
         for partial, valid in partials:
           part = _compat.load_registers(
               partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA
-          )
+          ).astype(jnp.float32)
           acc_chunk += jnp.where(
               lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
           )
