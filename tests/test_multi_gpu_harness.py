@@ -15,7 +15,9 @@ def test_the_multi_gpu_harness_runs_on_fake_cpu_devices():
   env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.multi_gpu", "--cpu-smoke"],
+      # one check of each kind (the checked functions have their own tests)
+      [sys.executable, "-m", "benchmarks.multi_gpu", "--cpu-smoke", "--checks",
+       "column,ragged,tp_flax,ag_matmul"],  # fmt: skip
       cwd=root,
       env=env,
       capture_output=True,
@@ -24,4 +26,4 @@ def test_the_multi_gpu_harness_runs_on_fake_cpu_devices():
   )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   checks = [line for line in out.stdout.splitlines() if line.startswith("check ")]
-  assert len(checks) == 11 and all(line.endswith(" ok") for line in checks), out.stdout
+  assert len(checks) == 4 and all(line.endswith(" ok") for line in checks), out.stdout
