@@ -6,7 +6,7 @@
 
 Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
   bf16_dot       jnp.dot(x, w) on the bf16 weight
-  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 64)
+  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 256)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes

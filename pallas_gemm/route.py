@@ -7,6 +7,9 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   product that streams its output, and the kernel's pipeline has nothing to overlap;
 - a few microseconds of work at the roofline (256^3, 1024^3 squares: 0.76-0.85x): the
   kernel's launch and prologue cost about 1 us more than cuBLAS's;
+- decode: M <= 64 rows against a weight streamed from HBM (1x14336x4096 0.83-0.93x,
+  8x14336x4096 0.86-0.97x, 1x8192x28672 0.90x; never above 1.01x, NOTES exps. 53, 75):
+  cuBLAS's GEMV streams the weights at least as fast as the kernel's tiles;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -23,6 +26,8 @@ GEMMs keep the kernel (their epilogues and scalings are what they are used for).
 ('pallas', 'the kernel')
 >>> choose(GemmProblem(m=256, n=256, k=256))[0]
 'xla'
+>>> choose(GemmProblem(m=1, n=14336, k=4096))[0]
+'xla'
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ MIN_K = 64
 MIN_ROOFLINE_US = 3.0
 """GEMMs shorter than this at the roofline are dominated by fixed costs (~1 us more
 than cuBLAS's per launch, NOTES exp. 43)."""
+
+DECODE_MAX_M = 64
+"""Memory-bound GEMMs with at most this many rows (decode steps) go to XLA."""
 
 MAX_COPY_FRACTION = 1.0
 """A memory-bound GEMM whose padding copy moves more than this fraction of its own bytes
@@ -104,6 +112,11 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
   memory_bound = 2.0 * problem.batch * problem.m * problem.n * problem.k / PEAK_FLOPS < (
       own / HBM_BYTES_PER_S
   )
+  if memory_bound and problem.m <= DECODE_MAX_M and problem.batch == 1:
+    return "xla", (
+        f"decode: M={problem.m} <= {DECODE_MAX_M}, memory-bound (cuBLAS's GEMV streams the "
+        "weights at least as fast)"
+    )
   if memory_bound and copied > MAX_COPY_FRACTION * own:
     return "xla", (
         f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"

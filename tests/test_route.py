@@ -18,6 +18,8 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=256, n=256, k=256), "at the roofline"),  # 0.76-0.85x
         (GemmProblem(m=1024, n=1024, k=1024), "at the roofline"),
         (GemmProblem(m=65536, n=64, k=72), "padding copy"),  # 0.21x
+        (GemmProblem(m=1, n=14336, k=4096), "decode"),  # 0.83-0.93x
+        (GemmProblem(m=64, n=4096, k=14336), "decode"),
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -30,7 +32,8 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
     [
         GemmProblem(m=16384, n=8192, k=2048),  # training projections
         GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
-        GemmProblem(m=1, n=4096, k=4096),  # decode: 10 us of HBM
+        GemmProblem(m=128, n=14336, k=4096),  # past decode: 128 rows
+        GemmProblem(m=32768, n=64, k=1024),  # skinny N, memory-bound: 0.98-1.10x
         GemmProblem(m=1000, n=1016, k=4000),  # odd extents: B copied
         GemmProblem(m=4096, n=4096, k=7001),  # odd K: A copied (1.5-2.4x)
         GemmProblem(m=2048, n=128, k=2048, batch=32),  # batched
