@@ -323,9 +323,43 @@ def tp_mlp_contenders(mesh, comm_sms, schedules=("bulk", "fused", "ring")):
   return contenders
 
 
+def block_power(fns, seconds, rounds, gpus, log=print) -> dict[str, dict]:
+  """Each block step back to back for `seconds` a round, interleaved, while nvidia-smi samples
+  every GPU: ms per step, median power per GPU and SM clock, joules per step (all GPUs)."""
+  from benchmarks import power
+
+  sampler = power.Sampler()
+  per = {name: dict(sec=[], power=[], clock=[]) for name in fns}
+  try:
+    for fn, args in fns.values():
+      power.run_for(fn, args, 0.5)  # warm
+    for _ in range(rounds):
+      for name, (fn, args) in fns.items():
+        t0, t1, sec, _ = power.run_for(fn, args, seconds, in_flight=4)
+        per[name]["sec"].append(sec)
+        for clock, watts, _, _ in sampler.window(t0 + 0.25, t1):
+          per[name]["clock"].append(clock)
+          per[name]["power"].append(watts)
+  finally:
+    sampler.close()
+  rows = {}
+  for name, p in per.items():
+    sec = statistics.median(p["sec"])
+    watts = statistics.median(p["power"]) if p["power"] else float("nan")
+    clock = statistics.median(p["clock"]) if p["clock"] else float("nan")
+    rows[name] = dict(ms=1e3 * sec, watts_per_gpu=watts, clock_mhz=clock, joules=watts * gpus * sec)
+    log(
+        f"power {name:28s} {1e3 * sec:8.3f} ms/step {watts:6.0f} W/GPU {clock:6.0f} MHz "
+        f"{watts * gpus * sec:7.2f} J/step",
+        flush=True,
+    )
+  return rows
+
+
 def time_tp_mlp(
-    mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, schedules, breakdown=False
-):
+    mesh, tokens, d_model, hidden, rounds, iterations, comm_sms, schedules, breakdown=False,
+    power_s=0.0,
+):  # fmt: skip
   """Wall ms of the TP MLP block (fwd+bwd) and of its GEMMs (fwd), and the collectives alone."""
   sh = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
   x = sh(_normal((tokens, d_model), 12), P("d", None))
@@ -370,6 +404,13 @@ def time_tp_mlp(
       )
       for kernel, ms in kernels:
         print(f"  {ms:8.3f} ms  {kernel[:110]}")
+  if power_s:
+    block_power(
+        {n: f for n, f in fns.items() if n.startswith("block")},
+        power_s,
+        rounds,
+        len(mesh.devices.flat),
+    )
   samples = {name: [] for name in fns}
   for _ in range(rounds):
     for name, (fn, args) in fns.items():
@@ -398,6 +439,9 @@ def main(argv=None):
   )
   parser.add_argument("--tokens", type=int, default=16384)
   parser.add_argument("--breakdown", action="store_true", help="CUPTI kernels of each block step")
+  parser.add_argument(
+      "--power", type=float, default=0.0, help="seconds per block and round under nvidia-smi"
+  )
   parser.add_argument("--skip-layers", action="store_true", help="only the collective GEMMs")
   parser.add_argument("--checks", default=None, help="run only these checks (comma-separated)")
   parser.add_argument(
@@ -470,6 +514,7 @@ def main(argv=None):
         [int(v) for v in args.comm_sms.split(",") if v],
         schedules,
         args.breakdown,
+        args.power,
     )
   if args.json:
     with open(args.json, "w") as f:

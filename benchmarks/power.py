@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+import jax
+
 from benchmarks import matmul
 from pallas_gemm import _compat
 
@@ -126,9 +128,8 @@ def run_for(fn, args, seconds: float, in_flight: int = 32) -> tuple[float, float
     queue.append(fn(*args))
     calls += 1
     if len(queue) > in_flight:
-      queue.popleft().block_until_ready()
-  for out in queue:
-    out.block_until_ready()
+      jax.block_until_ready(queue.popleft())
+  jax.block_until_ready(list(queue))
   t1 = time.perf_counter()
   return t0, t1, (t1 - t0) / calls, calls
 
