@@ -280,6 +280,7 @@ def test_the_dot_general_runs_dense_contractions_blockwise_and_others_as_lax():
   )
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_the_benchmark_runs_on_the_cpu(capsys):
   from benchmarks import blockwise_fp8 as harness

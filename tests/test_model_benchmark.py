@@ -12,6 +12,7 @@ from benchmarks import model as harness  # noqa: E402
 from benchmarks import models  # noqa: E402
 
 
+@pytest.mark.slow
 def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
   out = tmp_path / "model.json"
   assert (
@@ -55,6 +56,7 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
   )
 
 
+@pytest.mark.slow
 def test_cold_and_warm_compiles_run_in_fresh_processes(tmp_path):
   spec = models.SIZES["small"]
   # One variant: the worker builds and compiles any variant alike (all three run in

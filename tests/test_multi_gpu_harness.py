@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("flax")
 
 
+@pytest.mark.slow
 def test_the_multi_gpu_harness_runs_on_fake_cpu_devices():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")

@@ -371,6 +371,7 @@ def test_int8_dot_general_plugs_into_flax():
   assert 0 < err < 2e-2  # int8 rounding of both operands, not an exact copy
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_benchmark_runs_on_the_cpu(capsys, tmp_path):
   from benchmarks import quantized as harness

@@ -462,6 +462,7 @@ def test_device_matrix(check):
   assert result["ok"], result
 
 
+@pytest.mark.slow
 def test_example_trains_fp8_like_bf16(capsys, monkeypatch):
   pytest.importorskip("flax")
   import importlib.util  # noqa: PLC0415

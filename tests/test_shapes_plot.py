@@ -19,6 +19,7 @@ def test_docstring_examples(module):
 
 
 # -- sweeps -------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
   assert shapes.sweep_names() == ["fit", "heldout", "llm", "odd", "tall_skinny_k", "training"]
   for name in shapes.sweep_names():
