@@ -197,11 +197,17 @@ def test_the_fused_schedule_needs_whole_row_tiles_and_its_kernel_rules():
   problem = cm.GemmProblem(m=256, n=512, k=512)
   pingpong = GemmConfig(tile_m=64, tile_n=128, schedule="pingpong")
   a, b = jnp.ones((256, 512), jnp.bfloat16), jnp.ones((512, 512), jnp.bfloat16)
-  rules = r"all_gather=\('tp', 1\) needs a schedule 'cooperative'; .*2 devices or more; the kernel on hardware"
-  with pytest.raises(ValueError, match=rules):
+  interpret = cm._compat.interpret_params(zero_fill=False)
+  for kind in ("all_gather", "reduce_scatter"):
+    rules = rf"{kind}=\('tp', 1\) needs a schedule 'cooperative'; .*2 devices or more; the kernel on hardware"
+    with pytest.raises(ValueError, match=rules):
+      cm.hopper_gemm.hopper_gemm(
+          a, b, problem=problem, config=pingpong, interpret=interpret, **{kind: ("tp", 1)}
+      )
+  with pytest.raises(ValueError, match="one ring per kernel"):
     cm.hopper_gemm.hopper_gemm(
-        a, b, problem=problem, config=pingpong, all_gather=("tp", 1),
-        interpret=cm._compat.interpret_params(zero_fill=False),
+        a, b, problem=problem, config=GemmConfig(), all_gather=("tp", 2),
+        reduce_scatter=("tp", 2), interpret=interpret,
     )  # fmt: skip
 
 
@@ -252,3 +258,40 @@ def test_the_flax_tensor_parallel_pair_matches_the_unsharded_layers(schedule):
   assert abs(float(value) - float(ref_value)) < 1e-5 * abs(float(ref_value))
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     assert _rel(got, want) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["bulk", "fused"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_kernels_on_every_gpu_match_float64(name, schedule):
+  """The kernels (fused: the collective inside them) on all GPUs of the machine: value and
+  gradients of a bf16 layer with bias and tanh-GELU against float64 on the host."""
+  size = len(jax.devices())
+  if size < 2:
+    pytest.skip("needs 2 GPUs or more")
+  m, k, n = 256 * size, 256 * size, 384 * size  # 256 rows per device: whole 128-row tiles
+  rng = np.random.default_rng(size + 3)
+  x, w, bias = (
+      rng.standard_normal((m, k)),
+      rng.standard_normal((k, n)) * k**-0.5,
+      rng.standard_normal(n),
+  )
+  x, w = (np.asarray(jnp.asarray(v, jnp.bfloat16), np.float64) for v in (x, w))
+  gelu = lambda t: jax.nn.gelu(t, approximate=True)
+  with jax.enable_x64(True):
+    ref_y = gelu(jnp.asarray(x) @ w + bias)
+    ref_grads = jax.grad(lambda *v: jnp.mean(gelu(v[0] @ v[1] + v[2]) ** 2), (0, 1, 2))(x, w, bias)
+  mesh = _mesh(size)
+  dtypes = (jnp.bfloat16, jnp.bfloat16, jnp.float32)
+  args = [
+      jax.device_put(jnp.asarray(v, dtype), NamedSharding(mesh, spec))
+      for v, dtype, spec in zip((x, w, bias), dtypes, LAYOUTS[name])
+  ]
+  fn = getattr(cm, name)
+  f = lambda x, w, b: fn(x, w, b, axis_name="tp", activation="gelu_tanh", schedule=schedule)
+  y = jax.block_until_ready(jax.jit(f)(*args))
+  loss = lambda *v: jnp.mean(f(*v).astype(jnp.float32) ** 2)
+  grads = jax.block_until_ready(jax.jit(jax.grad(loss, (0, 1, 2)))(*args))
+  assert _rel(y, ref_y) < 1e-2
+  for g, r in zip(grads, ref_grads):
+    assert _rel(g, r) < 1e-2
