@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import statistics
 import sys
 import time
+
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration")
+"""The calibration files the shipped time model is fitted to (`--fit` without files)."""
 
 
 def calibrate(
@@ -133,13 +137,15 @@ def main(argv=None) -> int:
       "--fit",
       nargs="*",
       default=None,
-      help="calibration JSON files: fit the time model to them and print the fit",
+      help="calibration JSON files (none: the shipped ones): fit the time model to them and "
+      "print the fit",
   )
   args = parser.parse_args(argv)
   if args.fit is not None:
     from pallas_gemm import heuristics
 
-    print(heuristics.fit_report([json.load(open(p, encoding="utf-8")) for p in args.fit]))
+    paths = args.fit or sorted(glob.glob(os.path.join(SHIPPED_DIR, "*_fit.json")))
+    print(heuristics.fit_report([json.load(open(p, encoding="utf-8")) for p in paths]))
     return 0
   import jax
 
