@@ -96,6 +96,75 @@ def calibrate(
   return results
 
 
+def parse_overrides(text: str) -> dict[str, float]:
+  """`name=value,...` of `heuristics.Params` fields.
+
+  >>> parse_overrides("cluster_fixed_s=1e-7,launch_s=2.5e-6")
+  {'cluster_fixed_s': 1e-07, 'launch_s': 2.5e-06}
+  """
+  from pallas_gemm import heuristics
+
+  fields = heuristics.Params.__dataclass_fields__
+  overrides = {}
+  for item in filter(None, text.split(",")):
+    name, _, value = item.partition("=")
+    if name not in fields or not value:
+      raise ValueError(f"--compare: {item!r} is not NAME=VALUE of {sorted(fields)}")
+    overrides[name] = float(value)
+  return overrides
+
+
+def compare_models(sweeps, overrides, *, rounds=3, iterations=10, num_sms=None, hbm_scale=None,
+                   timed=True, log=print) -> list[dict]:  # fmt: skip
+  """The shipped time model against a variant (`Params` with `overrides`) on `sweeps`:
+  the shapes whose default config would change, each pick timed (CUPTI, interleaved
+  with XLA's) when `timed`. A model change ships only on what this says about the
+  held-out sweep (NOTES exp. 77)."""
+  from pallas_gemm import _compat
+  from pallas_gemm import heuristics
+  from pallas_gemm import shapes as shapes_lib
+
+  num_sms = num_sms or _compat.device_sm_count() or heuristics.DEFAULT_NUM_SMS
+  hbm_scale = hbm_scale or _compat.hbm_scale()
+  variant = heuristics.Params(**overrides)
+  rows = []
+  for sweep in sweeps:
+    for shape in shapes_lib.load_sweep(sweep):
+      problem, activation = shape.problem()
+      shipped = heuristics.pick(problem, num_sms, hbm_scale, heuristics.Params())
+      other = heuristics.pick(problem, num_sms, hbm_scale, variant)
+      if shipped == other:
+        continue
+      row = dict(
+          sweep=sweep,
+          label=shape.label,
+          shipped=heuristics.describe(heuristics.config_fields(shipped)),
+          variant=heuristics.describe(heuristics.config_fields(other)),
+      )
+      if timed:
+        from pallas_gemm.tuner import CuptiTimer
+
+        timer = CuptiTimer(problem, activation, iterations=iterations)
+        xla = CuptiTimer(problem, activation, iterations=iterations, implementation="xla")
+        times = {"shipped": [], "variant": [], "xla": []}
+        for _ in range(rounds):
+          times["shipped"].append(timer(shipped))
+          times["variant"].append(timer(other))
+          times["xla"].append(xla(None))
+        row.update({f"{k}_us": 1e3 * statistics.median(v) for k, v in times.items()})
+      rows.append(row)
+      log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+  if timed and rows:
+    ratios = [r["shipped_us"] / r["variant_us"] for r in rows]
+    log(
+        f"{len(rows)} shapes change; shipped / variant time: geomean "
+        f"{statistics.geometric_mean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
+    )
+  elif not rows:
+    log("no shape of these sweeps changes its default config")
+  return rows
+
+
 def check_defaults(sweeps, bound: float = 8e-3) -> int:
   """The default config of every shape of `sweeps` against the XLA path (relative error,
   fresh random operands): the time model picks tiles no tuning table ever held."""
@@ -140,7 +209,31 @@ def main(argv=None) -> int:
       help="calibration JSON files (none: the shipped ones): fit the time model to them and "
       "print the fit",
   )
+  parser.add_argument(
+      "--compare",
+      default=None,
+      help="NAME=VALUE,... of the time model's Params: time the shipped model's pick against "
+      "this variant's on the shapes of --sweep (comma list) where they differ",
+  )
+  parser.add_argument("--dry-run", action="store_true", help="--compare: list, do not time")
   args = parser.parse_args(argv)
+  if args.compare is not None:
+    try:
+      overrides = parse_overrides(args.compare)
+    except ValueError as e:
+      parser.error(str(e))
+    timed = not args.dry_run
+    if timed:
+      import jax
+
+      if jax.default_backend() != "gpu":
+        print("--compare times kernels: it needs a Hopper GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    compare_models(
+        args.sweep.split(","), overrides, rounds=args.rounds, iterations=args.iterations,
+        timed=timed,
+    )  # fmt: skip
+    return 0
   if args.fit is not None:
     from pallas_gemm import heuristics
 

@@ -13,6 +13,9 @@
 #                                         # fused all-gather kernel's first run), TP MLP timing
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
 #                                         # weight-only and W8A8 timing (~6 min)
+#   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exp. 77 (~6 min): the small-
+#                                         # GEMM route on CUPTI and wall clock; the time model's
+#                                         # cluster term against the shipped model, held-out sweep
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -79,8 +82,14 @@ case "${1:-}" in
     ;;
   multi)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    step multi_gpu_tests 150 3 python -u -m pytest -q -m gpu tests/test_collective_matmul.py
     step multi_gpu 420 40 python -u -m benchmarks.multi_gpu --comm-sms "" --rounds 3 \
       --json "$OUT/multi_gpu.json"
+    ;;
+  next)
+    step route_probe 200 10 python -u -m benchmarks.route_probe
+    step compare_cluster 330 20 python -u -m benchmarks.calibrate --compare cluster_fixed_s=1e-7 \
+      --sweep heldout,fit
     ;;
   new)
     step new_gpu_tests 200 3 python -u -m pytest -q -m gpu tests/test_activations.py \
@@ -91,7 +100,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|next|calibrate" >&2
     exit 2
     ;;
 esac

@@ -89,6 +89,11 @@ LAUNCH_S = 2e-6
 TILE_FIXED_S = 0.6e-6
 """Per work unit outside its K steps: pipeline fill and epilogue (`fit`)."""
 
+CLUSTER_FIXED_S = 0.0
+"""A 2x1 cluster's cost per work unit beyond `TILE_FIXED_S` (barriers, multicast set-up).
+Shipped at 0: the fit's grid holds only 0 until a held-out run backs another value
+(NOTES exp. 77; `python -m benchmarks.calibrate --compare cluster_fixed_s=1e-7`)."""
+
 HBM_BYTES_PER_S = 5e12
 CTA_BYTES_PER_S = 56e9
 """Streaming the unique bytes: each active CTA pulls at most CTA_BYTES_PER_S, and all
@@ -112,6 +117,7 @@ class Params:
   tile_fixed_s: float = TILE_FIXED_S
   hbm_bytes_per_s: float = HBM_BYTES_PER_S
   cta_bytes_per_s: float = CTA_BYTES_PER_S
+  cluster_fixed_s: float = CLUSTER_FIXED_S
 
   def for_board(self, hbm_scale: float) -> "Params":
     """These parameters on a board with `hbm_scale` times the H100 SXM's HBM bandwidth
@@ -199,7 +205,8 @@ def estimate(
   """
   waves, k_iters, splits, units = _work(problem, config, num_sms)
   step = steps[(config.tile_m, config.tile_n, config.cluster[0])]
-  core = waves * (k_iters * step + params.tile_fixed_s)
+  fixed = params.tile_fixed_s + (params.cluster_fixed_s if config.cluster[0] > 1 else 0.0)
+  core = waves * (k_iters * step + fixed)
   in_bytes = _itemsize(problem.dtype)
   out_elems = problem.batch * problem.m * problem.n
   out_bytes = out_elems * (4 * splits if splits > 1 else _itemsize(problem.out_dtype))
@@ -240,8 +247,19 @@ def default_config(
 def _default_config(problem: GemmProblem, num_sms: int, hbm_scale: float) -> GemmConfig:
   """`default_config` for a resolved board: ranked once per problem (it runs at every
   call site's trace, forward and backward; ~0.7 ms of model evaluation each)."""
+  return pick(problem, num_sms, hbm_scale, Params())
+
+
+def pick(problem: GemmProblem, num_sms: int, hbm_scale: float, params: Params) -> GemmConfig:
+  """The candidate the model with `params` (H100 values; scaled to the board here)
+  predicts fastest: `default_config` with other parameters, to compare model variants.
+
+  >>> p = GemmProblem(m=8192, n=8192, k=8192)
+  >>> pick(p, 132, 1.0, Params()) == default_config(p, 132, 1.0)
+  True
+  """
   options = candidates(problem, num_sms, hbm_scale)
-  params = Params().for_board(hbm_scale)
+  params = params.for_board(hbm_scale)
   if not options:  # nothing of the grid is valid: the plain default, whose validation says why
     return fit_stages(
         GemmConfig(
@@ -315,6 +333,7 @@ FIT_GRID = dict(
     tile_fixed_s=(0.3e-6, 0.6e-6, 1e-6, 1.35e-6),
     hbm_bytes_per_s=(4e12, 5e12, 6e12),
     cta_bytes_per_s=(40e9, 56e9, 70e9),
+    cluster_fixed_s=(CLUSTER_FIXED_S,),
 )
 """The values `fit` searches (a grid: the model is a max of terms, not smooth)."""
 
