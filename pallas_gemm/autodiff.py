@@ -207,7 +207,7 @@ def _fwd(call, *primals):
       a if wanted.b else None,
       b if wanted.a else None,
       pre,
-      residual if call.clamp is not None else None,
+      residual if call.clamp is not None or epilogue_lib.takes_residual(call.activation) else None,
   )
   return y, (*saved, wanted)
 
@@ -246,7 +246,8 @@ _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
 def _tail(call, pre, residual):
-  """The epilogue after the affine part, in f32: clamp(act(pre) + residual)."""
+  """The epilogue after the affine part, in f32: clamp(act(pre) + residual) (or a
+  `with_residual` fn(pre, residual))."""
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(activation=call.activation, clamp_lo=lo, clamp_hi=hi)
   return epilogue_lib.apply(spec, pre, residual=residual)

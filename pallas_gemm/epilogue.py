@@ -2,6 +2,7 @@
 
     pre = alpha * scales * acc + beta * c + bias[col] + row_bias[row]  (`affine`)
     y = clamp(act(pre) + residual, lo, hi)                            (`finish`)
+    y = clamp(fn(pre, residual), lo, hi)     (a user's `with_residual(fn)` as the activation)
     y = clamp(act(pre) * slope(residual), lo, hi)  (with `residual_slope`: the backward of
                       an activation whose pre-activation is the residual operand)
     y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
@@ -82,21 +83,58 @@ class CustomActivation:
   jax in the backward. Equal (and compiled once) per function object: define it once,
   not as a fresh lambda per call.
 
+  With `takes_residual` (`with_residual(fn)`), `fn(pre, residual)` takes the GEMM's
+  residual operand, a tile loaded beside the accumulator, and its result replaces
+  `act(pre) + residual`.
+
   >>> act = CustomActivation(lambda x: x * x)
   >>> act.name, float(act(jnp.float32(3.0)))
   ('lambda', 9.0)
   """
 
   fn: Callable
+  takes_residual: bool = False
 
-  def __call__(self, x):
-    return self.fn(x)
+  def __call__(self, x, *operands):
+    return self.fn(x, *operands)
 
   @property
   def name(self) -> str:
     """A label for kernel names and messages (the function's name, alphanumeric)."""
     raw = getattr(self.fn, "__name__", None) or type(self.fn).__name__
     return "".join(ch if ch.isalnum() else "_" for ch in raw).strip("_").lower() or "custom"
+
+
+def with_residual(fn) -> CustomActivation:
+  """A user's epilogue of two f32 tiles, `fn(pre, residual)`: pass it as `activation=`
+  with a `residual=` operand, and the kernel computes y = fn(pre, residual) where it
+  would compute act(pre) + residual (loaded beside the accumulator, as the residual
+  is; differentiated by jax in both arguments). Elementwise, in f32, from what Mosaic
+  GPU lowers (as `CustomActivation`); define it once, not per call.
+
+  >>> gate = with_residual(lambda pre, g: pre * (1.0 / (1.0 + jnp.exp(-g))))
+  >>> float(gate(jnp.float32(2.0), jnp.float32(0.0)))
+  1.0
+  """
+  probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+  try:
+    out = jax.eval_shape(fn, probe, probe)
+  except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
+    raise ValueError(
+        f"with_residual: {fn!r} must be an elementwise function of two f32 arrays "
+        f"(pre, residual); calling it on two failed ({type(e).__name__}: {e})"
+    ) from e
+  if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
+    raise ValueError(
+        f"with_residual: {fn!r} must be elementwise: f(pre, residual) keeps their shape and "
+        f"f32 dtype; two (2, 3) f32 arrays gave {out}"
+    )
+  return CustomActivation(fn, takes_residual=True)
+
+
+def takes_residual(activation) -> bool:
+  """Whether the activation is a `with_residual` epilogue (it consumes the residual)."""
+  return isinstance(activation, CustomActivation) and activation.takes_residual
 
 
 def activation_fn(activation) -> Callable:
@@ -352,7 +390,14 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   Array([[2.5, 0. ]], dtype=float32)
   """
   y = pre.astype(jnp.float32)
-  if spec.activation is not None:
+  if takes_residual(spec.activation):  # the user's fn(pre, residual) replaces act + residual
+    if residual is None:
+      raise ValueError(
+          f"activation=with_residual({spec.activation.name}) needs a residual operand "
+          "(fn's second argument); this GEMM has none"
+      )
+    y, residual = spec.activation(y, residual.astype(jnp.float32)), None
+  elif spec.activation is not None:
     y = activation_fn(spec.activation)(y)
   if spec.gated_slope is not None:
     gate, up = (r.astype(jnp.float32) for r in residual)

@@ -98,7 +98,9 @@ def gemm(
       `functools.partial(jax.nn.gelu, approximate=False)`, ...); or any other
       elementwise function of an f32 array (`jax.nn.tanh`, a squared ReLU, a soft cap),
       traced into the kernel's epilogue and differentiated by jax
-      (`epilogue.CustomActivation`: one compile per function object).
+      (`epilogue.CustomActivation`: one compile per function object); or
+      `epilogue.with_residual(fn)`: y = fn(pre, residual) with the `residual` tile
+      in place of act(pre) + residual.
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
       not with fp8 outputs.
     alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
@@ -144,6 +146,11 @@ def gemm(
   problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = check_extras(problem, batch_shape, row_bias, residual)
   spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
+  if epilogue_lib.takes_residual(activation) and (residual is None or residual_slope):
+    raise ValueError(
+        "activation=with_residual(fn) needs residual= (fn's second operand) and no "
+        "residual_slope"
+    )
   if residual_slope is not None:
     if residual is None:
       raise ValueError("residual_slope needs residual (the activation's input)")

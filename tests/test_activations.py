@@ -140,6 +140,43 @@ def test_custom_activations_lower_into_the_kernel_forward_and_backward(fn):
   assert f"_NN_{fn.__name__}" in text  # the forward kernel, named after the function
 
 
+def _tanh_gate(pre, gate):  # a user's epilogue of the accumulator and the residual tile
+  return pre * jnp.tanh(gate)
+
+
+TANH_GATE = epilogue.with_residual(_tanh_gate)
+
+
+def test_a_residual_epilogue_lowers_into_the_kernel_forward_and_backward():
+  def loss(a, b, r):
+    y = pallas_gemm.matmul(a, b, residual=r, activation=TANH_GATE, implementation="pallas")
+    return jnp.sum(y.astype(jnp.float32))
+
+  sds = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256, 256))]
+  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
+      *sds
+  ).mlir_module()
+  assert "_NN_tanh_gate" in text  # the forward kernel, named after the function
+
+
+@pytest.mark.parametrize(
+    "fn, rule",
+    [(jnp.tanh, "calling it on two failed"), (lambda p, r: jnp.sum(p * r), "keeps their shape")],
+    ids=["one_argument", "reduces"],
+)
+def test_a_residual_epilogue_that_is_not_binary_elementwise_is_named(fn, rule):
+  with pytest.raises(ValueError, match=rf"^with_residual: .* must be .*{rule}"):
+    epilogue.with_residual(fn)
+
+
+def test_a_residual_epilogue_needs_the_residual():
+  a, b = jnp.ones((4, 8)), jnp.ones((8, 2))
+  with pytest.raises(ValueError, match=r"with_residual\(fn\) needs residual="):
+    pallas_gemm.matmul(a, b, activation=TANH_GATE, implementation="xla")
+  with pytest.raises(ValueError, match=r"with_residual\(tanh_gate\) needs a residual operand"):
+    epilogue.finish(epilogue.EpilogueSpec(activation=TANH_GATE), jnp.ones((2, 2)))
+
+
 def test_the_gated_and_fused_mlp_paths_refuse_a_custom_activation():
   x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 8), jnp.bfloat16)
   with pytest.raises(ValueError, match="^activation must be None"):
@@ -190,6 +227,30 @@ def test_custom_activations_in_the_kernel_on_the_gpu(fn):
   y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2))(*args)
   with jax.enable_x64(True):
     ref = lambda a, b, bias: fn(a @ b + bias)
+    f64 = [np.asarray(v, np.float64) for v in args]
+    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2))(*f64)
+  rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)
+  assert rel(y, y_ref) < 1e-2
+  for g, r in zip(grads, grads_ref):
+    assert rel(g, r) < 2e-2
+
+
+@pytest.mark.gpu
+def test_a_residual_epilogue_in_the_kernel_on_the_gpu():
+  rng = np.random.default_rng(12)
+  a, b, r = (
+      rng.standard_normal((1000, 512)),
+      rng.standard_normal((512, 768)) / 16,
+      rng.standard_normal((1000, 768)),
+  )
+  args = [jnp.asarray(v, jnp.bfloat16) for v in (a, b, r)]
+  loss = lambda f: lambda *v: jnp.sum(f(*v).astype(jnp.float32) ** 2)
+  ours = lambda a, b, r: pallas_gemm.matmul(
+      a, b, residual=r, activation=TANH_GATE, implementation="pallas"
+  )
+  y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2))(*args)
+  with jax.enable_x64(True):
+    ref = lambda a, b, r: _tanh_gate(a @ b, r)
     f64 = [np.asarray(v, np.float64) for v in args]
     y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2))(*f64)
   rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)

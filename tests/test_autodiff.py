@@ -16,6 +16,7 @@ import pytest
 from jax.test_util import check_grads
 
 from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.config import GemmConfig
 
@@ -110,7 +111,10 @@ def _reference(
     z = z + bias
   if row_bias is not None:
     z = z + row_bias[:, None]
-  y = ACTIVATIONS_F64[activation](z)
+  if epilogue_lib.takes_residual(activation):  # y = fn(pre, residual)
+    y, residual = activation.fn(z, residual), None
+  else:
+    y = ACTIVATIONS_F64[activation](z)
   if residual is not None:
     y = y + residual
   return y if clamp is None else jnp.clip(y, *clamp)
@@ -534,6 +538,29 @@ ACTIVATIONS_F64[_softcap] = _softcap
 def test_interpret_gradients_with_a_custom_activation_match_float64_reference():
   args, cotangent, static = _problem("NN", "bfloat16", bias=True, seed="custom activation")
   static["activation"] = _softcap  # not in _problem's seed: a function's repr has its address
+  _check_against_reference(
+      args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
+  )
+
+
+def _sigmoid_gate(pre, gate):  # a user's epilogue of the accumulator and a tile operand
+  return pre * (1.0 / (1.0 + jnp.exp(-gate)))
+
+
+GATE = epilogue_lib.with_residual(_sigmoid_gate)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_residual_epilogue_and_its_gradients_match_float64_on_xla(dtype):
+  args, cotangent, static = _problem("NT", dtype, bias=True, residual=True, seed="gate xla")
+  static["activation"] = GATE
+  _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
+
+
+@needs_transposed_interpret
+def test_interpret_gradients_with_a_residual_epilogue_match_float64_reference():
+  args, cotangent, static = _problem("NN", "bfloat16", bias=True, residual=True, seed="gate")
+  static["activation"] = GATE
   _check_against_reference(
       args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
   )
