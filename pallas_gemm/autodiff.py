@@ -203,27 +203,30 @@ def _fwd(call, *primals):
     )
   else:
     pre, y = None, sharding.gemm(call, a, b, residual=residual, **extras)
+  routed = epilogue_lib.routed_operands(call.activation)  # a user's epilogue takes these
   saved = (
       a if wanted.b else None,
       b if wanted.a else None,
       pre,
-      residual if call.clamp is not None or epilogue_lib.takes_residual(call.activation) else None,
+      residual if call.clamp is not None or "residual" in routed else None,
+      bias if "bias" in routed else None,
+      row_bias if "row_bias" in routed else None,
   )
   return y, (*saved, wanted)
 
 
 def _bwd(call, saved, g):
-  a, b, pre, residual, wanted = saved
+  a, b, pre, residual, bias, row_bias, wanted = saved
   if isinstance(g, SymbolicZero):
     return (None,) * 6
-  d_residual, bias_grad = g, None
+  d_residual, bias_grad, row_bias_grad = g, None, None
   if pre is None:
     d_affine = g
   elif _fuses_dpre(call, pre, g, wanted):
     d_affine, bias_grad = fused_dpre(call, pre, g)
   else:
-    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual)
-    d_affine, d_residual = tail_vjp(g.astype(jnp.float32))
+    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual, bias, row_bias)
+    d_affine, d_residual, bias_grad, row_bias_grad = tail_vjp(g.astype(jnp.float32))
     d_residual = g if residual is None else d_residual
   # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
   # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
@@ -231,13 +234,14 @@ def _bwd(call, saved, g):
   if wanted.bias and bias_grad is None:
     bias_grad = column_sums(call, d_acc)
   rows = tuple(range(d_acc.ndim - 2))
+  if wanted.row_bias and row_bias_grad is None:
+    row_bias_grad = jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32)
   return (
       wanted.a and _grad_a(call, d_acc, b, wanted.a),
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
       wanted.bias and _cast(bias_grad, wanted.bias),
       wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
-      wanted.row_bias
-      and _cast(jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32), wanted.row_bias),
+      wanted.row_bias and _cast(row_bias_grad, wanted.row_bias),
       wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
   )
 
@@ -245,12 +249,15 @@ def _bwd(call, saved, g):
 _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
-def _tail(call, pre, residual):
-  """The epilogue after the affine part, in f32: clamp(act(pre) + residual) (or a
-  `with_residual` fn(pre, residual))."""
+def _tail(call, pre, residual, bias, row_bias):
+  """The epilogue after the affine part, in f32: clamp(act(pre) + residual), or a user's
+  clamp(fn(pre, *operands)) (`with_operands`: `bias` and `row_bias` given only when fn
+  takes them)."""
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(activation=call.activation, clamp_lo=lo, clamp_hi=hi)
-  return epilogue_lib.apply(spec, pre, residual=residual)
+  row_bias = None if row_bias is None else row_bias[..., None]  # (..., M) -> rows
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  return epilogue_lib.quantize(spec, y)
 
 
 def _grad_a(call, d_acc, b, grad):

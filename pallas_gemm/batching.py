@@ -95,7 +95,8 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
       residual_slope=call.residual_slope,
   )
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
-  y = epilogue_lib.quantize(spec, epilogue_lib.finish(spec, pre, residual=residual))
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  y = epilogue_lib.quantize(spec, y)
   y = y.astype(call.out_dtype)
   return (y, pre.astype(call.out_dtype)) if call.return_pre else y
 

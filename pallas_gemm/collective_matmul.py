@@ -267,11 +267,13 @@ def _collective(
         "schedule='fused' needs a Hopper GPU and a mesh of the ring axis alone (the kernel "
         f"addresses its peers by their index along it); mesh axes {mesh.axis_names}"
     )
-  call = GemmCall(
-      out_dtype=out_dtype.name,
-      implementation=implementation,
-      activation=epilogue_lib.activation_name(activation, custom=True),
-  )
+  activation = epilogue_lib.activation_name(activation, custom=True)
+  if epilogue_lib.routed_operands(activation):
+    raise ValueError(
+        "activation: the collective GEMMs take no with_operands epilogue (their backward "
+        "differentiates the activation alone)"
+    )
+  call = GemmCall(out_dtype=out_dtype.name, implementation=implementation, activation=activation)
   size = mesh.shape[axis_name]
   if schedule == "fused":  # the kernel's lowering names its peers' device ids
     mesh = sharding.concrete_mesh(mesh)

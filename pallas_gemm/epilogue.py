@@ -2,7 +2,9 @@
 
     pre = alpha * scales * acc + beta * c + bias[col] + row_bias[row]  (`affine`)
     y = clamp(act(pre) + residual, lo, hi)                            (`finish`)
-    y = clamp(fn(pre, residual), lo, hi)     (a user's `with_residual(fn)` as the activation)
+    y = clamp(fn(pre, *operands), lo, hi)  (a user's `with_operands(fn, ...)` as the
+                      activation: operands among residual, bias, row_bias, which then
+                      leave `affine` and the residual add)
     y = clamp(act(pre) * slope(residual), lo, hi)  (with `residual_slope`: the backward of
                       an activation whose pre-activation is the residual operand)
     y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
@@ -83,9 +85,10 @@ class CustomActivation:
   jax in the backward. Equal (and compiled once) per function object: define it once,
   not as a fresh lambda per call.
 
-  With `takes_residual` (`with_residual(fn)`), `fn(pre, residual)` takes the GEMM's
-  residual operand, a tile loaded beside the accumulator, and its result replaces
-  `act(pre) + residual`.
+  With `operands` (`with_operands(fn, ...)`), fn also takes GEMM operands by kind, in
+  the order named: "residual" (a tile loaded beside the accumulator; fn's result then
+  replaces act(pre) + residual), "bias" (a column vector) and "row_bias" (a row
+  vector), each then left out of `affine` and handed to fn, broadcast to the tile.
 
   >>> act = CustomActivation(lambda x: x * x)
   >>> act.name, float(act(jnp.float32(3.0)))
@@ -93,7 +96,7 @@ class CustomActivation:
   """
 
   fn: Callable
-  takes_residual: bool = False
+  operands: tuple[str, ...] = ()
 
   def __call__(self, x, *operands):
     return self.fn(x, *operands)
@@ -105,36 +108,63 @@ class CustomActivation:
     return "".join(ch if ch.isalnum() else "_" for ch in raw).strip("_").lower() or "custom"
 
 
+OPERAND_KINDS = {"residual": "tile", "bias": "column vector", "row_bias": "row vector"}
+"""The GEMM operands a user's epilogue can take (`with_operands`), by kind."""
+
+
+def with_operands(fn, *operands: str) -> CustomActivation:
+  """A user's epilogue `fn(pre, *operands)` of f32 tiles: pass it as `activation=` with
+  those operands given to the GEMM. "residual" (a tile, loaded beside the accumulator):
+  fn's result replaces act(pre) + residual; "bias" (N,) and "row_bias" (M,): left out
+  of the affine part `pre` and handed to fn broadcast to the tile. Elementwise, in f32,
+  from what Mosaic GPU lowers (as `CustomActivation`), differentiated by jax in every
+  argument; define it once, not per call.
+
+  >>> scale_gate = with_operands(lambda pre, g, s: pre * s / (1.0 + jnp.exp(-g)), "residual", "bias")
+  >>> float(scale_gate(jnp.float32(2.0), jnp.float32(0.0), jnp.float32(3.0)))
+  3.0
+  """
+  if not operands or len(set(operands)) != len(operands) or set(operands) - set(OPERAND_KINDS):
+    raise ValueError(
+        f"with_operands: operands must be distinct names of {sorted(OPERAND_KINDS)}, "
+        f"got {operands!r}"
+    )
+  probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+  arguments = ", ".join(("pre",) + operands)
+  try:
+    out = jax.eval_shape(fn, *(probe,) * (1 + len(operands)))
+  except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
+    raise ValueError(
+        f"with_operands: {fn!r} must be an elementwise function of {1 + len(operands)} f32 "
+        f"arrays ({arguments}); calling it so failed ({type(e).__name__}: {e})"
+    ) from e
+  if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
+    raise ValueError(
+        f"with_operands: {fn!r} must be elementwise: f({arguments}) keeps their shape and "
+        f"f32 dtype; (2, 3) f32 arrays gave {out}"
+    )
+  return CustomActivation(fn, operands=tuple(operands))
+
+
 def with_residual(fn) -> CustomActivation:
-  """A user's epilogue of two f32 tiles, `fn(pre, residual)`: pass it as `activation=`
-  with a `residual=` operand, and the kernel computes y = fn(pre, residual) where it
-  would compute act(pre) + residual (loaded beside the accumulator, as the residual
-  is; differentiated by jax in both arguments). Elementwise, in f32, from what Mosaic
-  GPU lowers (as `CustomActivation`); define it once, not per call.
+  """`with_operands(fn, "residual")`: y = fn(pre, residual) where the epilogue would
+  compute act(pre) + residual.
 
   >>> gate = with_residual(lambda pre, g: pre * (1.0 / (1.0 + jnp.exp(-g))))
   >>> float(gate(jnp.float32(2.0), jnp.float32(0.0)))
   1.0
   """
-  probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
-  try:
-    out = jax.eval_shape(fn, probe, probe)
-  except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
-    raise ValueError(
-        f"with_residual: {fn!r} must be an elementwise function of two f32 arrays "
-        f"(pre, residual); calling it on two failed ({type(e).__name__}: {e})"
-    ) from e
-  if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
-    raise ValueError(
-        f"with_residual: {fn!r} must be elementwise: f(pre, residual) keeps their shape and "
-        f"f32 dtype; two (2, 3) f32 arrays gave {out}"
-    )
-  return CustomActivation(fn, takes_residual=True)
+  return with_operands(fn, "residual")
+
+
+def routed_operands(activation) -> tuple[str, ...]:
+  """The GEMM operands a user's epilogue takes (`with_operands`), else ()."""
+  return activation.operands if isinstance(activation, CustomActivation) else ()
 
 
 def takes_residual(activation) -> bool:
-  """Whether the activation is a `with_residual` epilogue (it consumes the residual)."""
-  return isinstance(activation, CustomActivation) and activation.takes_residual
+  """Whether the activation is a user's epilogue that consumes the residual."""
+  return "residual" in routed_operands(activation)
 
 
 def activation_fn(activation) -> Callable:
@@ -355,7 +385,7 @@ def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residu
   Array([[3., 6.]], dtype=float32)
   """
   pre = affine(spec, acc, c=c, bias=bias, row_bias=row_bias, scales=scales)
-  return finish(spec, pre, residual=residual)
+  return finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
 
 
 def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=()):
@@ -372,15 +402,17 @@ def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=
     y = y * scale
   if c is not None and spec.beta != 0.0:
     y = y + jnp.float32(spec.beta) * c.astype(jnp.float32)
-  if bias is not None:
+  routed = routed_operands(spec.activation)  # handed to a user's epilogue instead
+  if bias is not None and "bias" not in routed:
     y = y + bias.astype(jnp.float32)
-  if row_bias is not None:
+  if row_bias is not None and "row_bias" not in routed:
     y = y + row_bias.astype(jnp.float32)
   return y
 
 
-def finish(spec: EpilogueSpec, pre, *, residual=None):
-  """From the activation to the clamp, in f32, given `pre = affine(...)`.
+def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None):
+  """From the activation to the clamp, in f32, given `pre = affine(...)`; `bias` and
+  `row_bias` (broadcast) are read only by a user's epilogue that takes them.
 
   >>> import jax.numpy as jnp
   >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
@@ -390,13 +422,17 @@ def finish(spec: EpilogueSpec, pre, *, residual=None):
   Array([[2.5, 0. ]], dtype=float32)
   """
   y = pre.astype(jnp.float32)
-  if takes_residual(spec.activation):  # the user's fn(pre, residual) replaces act + residual
-    if residual is None:
+  routed = routed_operands(spec.activation)
+  if routed:  # a user's fn(pre, *operands); with the residual, it replaces act + residual
+    given = dict(residual=residual, bias=bias, row_bias=row_bias)
+    missing = [name for name in routed if given[name] is None]
+    if missing:
       raise ValueError(
-          f"activation=with_residual({spec.activation.name}) needs a residual operand "
-          "(fn's second argument); this GEMM has none"
+          f"activation={spec.activation.name} (with_operands) needs the operands "
+          f"{missing}; this GEMM has none"
       )
-    y, residual = spec.activation(y, residual.astype(jnp.float32)), None
+    y = spec.activation(y, *(given[name].astype(jnp.float32) for name in routed))
+    residual = None if "residual" in routed else residual
   elif spec.activation is not None:
     y = activation_fn(spec.activation)(y)
   if spec.gated_slope is not None:

@@ -98,9 +98,10 @@ def gemm(
       `functools.partial(jax.nn.gelu, approximate=False)`, ...); or any other
       elementwise function of an f32 array (`jax.nn.tanh`, a squared ReLU, a soft cap),
       traced into the kernel's epilogue and differentiated by jax
-      (`epilogue.CustomActivation`: one compile per function object); or
-      `epilogue.with_residual(fn)`: y = fn(pre, residual) with the `residual` tile
-      in place of act(pre) + residual.
+      (`epilogue.CustomActivation`: one compile per function object); or a user's
+      epilogue of operands by kind, `epilogue.with_operands(fn, "residual", "bias",
+      "row_bias")` (any of them, in fn's order): y = fn(pre, *operands), the residual
+      tile no longer added, the bias vectors no longer in `pre`.
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
       not with fp8 outputs.
     alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
@@ -146,10 +147,12 @@ def gemm(
   problem, batch_shape = gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype)
   problem = check_extras(problem, batch_shape, row_bias, residual)
   spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
-  if epilogue_lib.takes_residual(activation) and (residual is None or residual_slope):
+  routed = epilogue_lib.routed_operands(activation)
+  given = dict(residual=residual, bias=bias, row_bias=row_bias)
+  if [name for name in routed if given[name] is None] or (routed and residual_slope):
     raise ValueError(
-        "activation=with_residual(fn) needs residual= (fn's second operand) and no "
-        "residual_slope"
+        f"activation={activation.name} (with_operands) takes {list(routed)}: it needs "
+        f"each of them given ({', '.join(f'{n}=' for n in routed)}) and no residual_slope"
     )
   if residual_slope is not None:
     if residual is None:
@@ -403,15 +406,9 @@ def _epilogue_in_xla(
       )
       if x is not None
   )
-  pre = epilogue_lib.affine(
-      spec,
-      acc,
-      c=c,
-      bias=bias,
-      scales=scales,
-      row_bias=None if row_bias is None else jnp.asarray(row_bias)[:, None],
-  )
-  y = epilogue_lib.finish(spec, pre, residual=residual)
+  row_bias = None if row_bias is None else jnp.asarray(row_bias)[:, None]
+  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, scales=scales, row_bias=row_bias)
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
   results = (
       (out,)

@@ -268,7 +268,9 @@ def build(
           plgpu.copy_smem_to_gmem(buf, at(pre_gmem, batch_idx, rows, cols))
           buf = out_smem.at[wg, (store + 1) % slots]
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
-        y = epilogue_lib.finish(p.epilogue, y, residual=res_tile)
+        y = epilogue_lib.finish(
+            p.epilogue, y, residual=res_tile, bias=bias_tile, row_bias=row_bias_tile
+        )
         last_chunk = i == wm // em - 1 and j == wn // en - 1
         if amax_smem is not None:
           chunk_max = _row_abs_max(y, col0 + j * en)

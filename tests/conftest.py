@@ -1,7 +1,7 @@
-"""Shared pytest settings: tests marked ``gpu`` are skipped unless a Hopper (sm_90) GPU is present;
-tests marked ``slow`` (the benchmark harnesses' CPU runs) are skipped where
-``PALLAS_GEMM_SKIP_SLOW=1``: CI's legs on other jax versions set it, and its leg on the GPU
-machine's jax runs them (the suite fits CI's 20 minutes that way)."""
+"""Shared pytest settings: tests marked ``gpu`` are skipped unless a Hopper (sm_90) GPU is
+present; tests marked ``slow`` (the benchmark harnesses' CPU runs, the longest interpret-mode
+runs) are skipped where ``PALLAS_GEMM_SKIP_SLOW=1``: CI's legs on other jax versions set it,
+and its leg on the GPU machine's jax runs them (the suite fits CI's 20 minutes that way)."""
 
 import os
 

@@ -147,34 +147,55 @@ def _tanh_gate(pre, gate):  # a user's epilogue of the accumulator and the resid
 TANH_GATE = epilogue.with_residual(_tanh_gate)
 
 
-def test_a_residual_epilogue_lowers_into_the_kernel_forward_and_backward():
-  def loss(a, b, r):
-    y = pallas_gemm.matmul(a, b, residual=r, activation=TANH_GATE, implementation="pallas")
+def _biased_gate(pre, col, gate, row):
+  return pre * col + jnp.tanh(gate) * row
+
+
+BIASED_GATE = epilogue.with_operands(_biased_gate, "bias", "residual", "row_bias")
+
+
+@pytest.mark.parametrize("act", [TANH_GATE, BIASED_GATE], ids=lambda a: a.name)
+def test_a_user_epilogue_lowers_into_the_kernel_forward_and_backward(act):
+  def loss(a, b, r, bias, row_bias):
+    y = pallas_gemm.matmul(
+        a, b, residual=r, bias=bias, row_bias=row_bias, activation=act, implementation="pallas"
+    )
     return jnp.sum(y.astype(jnp.float32))
 
-  sds = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((256, 128), (128, 256), (256, 256))]
-  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["cuda"])(
+  shapes = ((256, 128), (128, 256), (256, 256), (256,), (256,))
+  dtypes = (jnp.bfloat16,) * 3 + (jnp.float32,) * 2
+  sds = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes)]
+  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2, 3, 4))), platforms=["cuda"])(
       *sds
   ).mlir_module()
-  assert "_NN_tanh_gate" in text  # the forward kernel, named after the function
+  assert f"_NN_{act.name}" in text  # the forward kernel, named after the function
 
 
 @pytest.mark.parametrize(
-    "fn, rule",
-    [(jnp.tanh, "calling it on two failed"), (lambda p, r: jnp.sum(p * r), "keeps their shape")],
-    ids=["one_argument", "reduces"],
+    "fn, operands, rule",
+    [
+        (jnp.tanh, ("residual",), r"of 2 f32 arrays \(pre, residual\); calling it so failed"),
+        (lambda p, r: jnp.sum(p * r), ("residual",), "keeps their shape"),
+        (_tanh_gate, ("bias", "bias"), "distinct names"),
+        (_tanh_gate, ("scale",), "distinct names"),
+        (_tanh_gate, (), "distinct names"),
+    ],
+    ids=["one_argument", "reduces", "repeated", "unknown", "none"],
 )
-def test_a_residual_epilogue_that_is_not_binary_elementwise_is_named(fn, rule):
-  with pytest.raises(ValueError, match=rf"^with_residual: .* must be .*{rule}"):
-    epilogue.with_residual(fn)
+def test_a_user_epilogue_that_breaks_a_rule_is_named(fn, operands, rule):
+  with pytest.raises(ValueError, match=rf"^with_operands: .*{rule}"):
+    epilogue.with_operands(fn, *operands)
 
 
-def test_a_residual_epilogue_needs_the_residual():
+def test_a_user_epilogue_needs_its_operands():
   a, b = jnp.ones((4, 8)), jnp.ones((8, 2))
-  with pytest.raises(ValueError, match=r"with_residual\(fn\) needs residual="):
+  with pytest.raises(ValueError, match=r"takes \['residual'\]: it needs each of them given"):
     pallas_gemm.matmul(a, b, activation=TANH_GATE, implementation="xla")
-  with pytest.raises(ValueError, match=r"with_residual\(tanh_gate\) needs a residual operand"):
+  with pytest.raises(ValueError, match=r"needs the operands \['residual'\]"):
     epilogue.finish(epilogue.EpilogueSpec(activation=TANH_GATE), jnp.ones((2, 2)))
+  mesh = jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Explicit,))
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match="take no with_operands epilogue"):
+    pallas_gemm.all_gather_matmul(a, b, axis_name="tp", activation=TANH_GATE)
 
 
 def test_the_gated_and_fused_mlp_paths_refuse_a_custom_activation():
@@ -236,23 +257,33 @@ def test_custom_activations_in_the_kernel_on_the_gpu(fn):
 
 
 @pytest.mark.gpu
-def test_a_residual_epilogue_in_the_kernel_on_the_gpu():
+@pytest.mark.parametrize("act", [TANH_GATE, BIASED_GATE], ids=lambda a: a.name)
+def test_a_user_epilogue_in_the_kernel_on_the_gpu(act):
   rng = np.random.default_rng(12)
-  a, b, r = (
+  a, b, r, bias, row_bias = (
       rng.standard_normal((1000, 512)),
       rng.standard_normal((512, 768)) / 16,
       rng.standard_normal((1000, 768)),
+      rng.standard_normal(768),
+      rng.standard_normal(1000),
   )
-  args = [jnp.asarray(v, jnp.bfloat16) for v in (a, b, r)]
+  args = [jnp.asarray(v, jnp.bfloat16) for v in (a, b, r)] + [
+      jnp.asarray(v, jnp.float32) for v in (bias, row_bias)
+  ]
   loss = lambda f: lambda *v: jnp.sum(f(*v).astype(jnp.float32) ** 2)
-  ours = lambda a, b, r: pallas_gemm.matmul(
-      a, b, residual=r, activation=TANH_GATE, implementation="pallas"
+  ours = lambda a, b, r, bias, row_bias: pallas_gemm.matmul(
+      a, b, residual=r, bias=bias, row_bias=row_bias, activation=act, implementation="pallas"
   )
-  y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2))(*args)
+  y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2, 3, 4))(*args)
+
+  def ref(a, b, r, bias, row_bias):
+    given = dict(residual=r, bias=bias, row_bias=row_bias[:, None])
+    z = a @ b + sum(given[k] for k in ("bias", "row_bias") if k not in act.operands)
+    return act.fn(z, *(given[k] for k in act.operands))
+
   with jax.enable_x64(True):
-    ref = lambda a, b, r: _tanh_gate(a @ b, r)
     f64 = [np.asarray(v, np.float64) for v in args]
-    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2))(*f64)
+    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2, 3, 4))(*f64)
   rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)
   assert rel(y, y_ref) < 1e-2
   for g, r in zip(grads, grads_ref):

@@ -107,12 +107,17 @@ def _reference(
   z = alpha * jnp.matmul(op_a, op_b, precision="highest")
   if c is not None:
     z = z + beta * c
-  if bias is not None:
+  routed = epilogue_lib.routed_operands(activation)  # a user's epilogue takes these
+  if bias is not None and "bias" not in routed:
     z = z + bias
-  if row_bias is not None:
+  if row_bias is not None and "row_bias" not in routed:
     z = z + row_bias[:, None]
-  if epilogue_lib.takes_residual(activation):  # y = fn(pre, residual)
-    y, residual = activation.fn(z, residual), None
+  if routed:  # y = fn(pre, *operands)
+    given = dict(
+        residual=residual, bias=bias, row_bias=None if row_bias is None else row_bias[:, None]
+    )
+    y = activation.fn(z, *(given[name] for name in routed))
+    residual = None if "residual" in routed else residual
   else:
     y = ACTIVATIONS_F64[activation](z)
   if residual is not None:
@@ -547,20 +552,32 @@ def _sigmoid_gate(pre, gate):  # a user's epilogue of the accumulator and a tile
   return pre * (1.0 / (1.0 + jnp.exp(-gate)))
 
 
+def _scaled_gate(pre, row_scale, gate, col_scale):  # every operand kind, in a user's order
+  return _sigmoid_gate(pre * col_scale, gate) + row_scale
+
+
 GATE = epilogue_lib.with_residual(_sigmoid_gate)
+SCALED_GATE = epilogue_lib.with_operands(_scaled_gate, "row_bias", "residual", "bias")
+USER_EPILOGUES = {"gate": GATE, "scaled_gate": SCALED_GATE}
 
 
+@pytest.mark.parametrize("name", list(USER_EPILOGUES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_residual_epilogue_and_its_gradients_match_float64_on_xla(dtype):
-  args, cotangent, static = _problem("NT", dtype, bias=True, residual=True, seed="gate xla")
-  static["activation"] = GATE
+def test_a_user_epilogue_and_its_gradients_match_float64_on_xla(dtype, name):
+  args, cotangent, static = _problem(
+      "NT", dtype, bias=True, row_bias=True, residual=True, seed=("user xla", name)
+  )
+  static["activation"] = USER_EPILOGUES[name]
   _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
 
 
 @needs_transposed_interpret
-def test_interpret_gradients_with_a_residual_epilogue_match_float64_reference():
-  args, cotangent, static = _problem("NN", "bfloat16", bias=True, residual=True, seed="gate")
-  static["activation"] = GATE
+@pytest.mark.parametrize("name", list(USER_EPILOGUES))
+def test_interpret_gradients_with_a_user_epilogue_match_float64_reference(name):
+  args, cotangent, static = _problem(
+      "NN", "bfloat16", bias=True, row_bias=True, residual=True, seed=("user", name)
+  )
+  static["activation"] = USER_EPILOGUES[name]
   _check_against_reference(
       args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
   )

@@ -302,6 +302,7 @@ def test_gated_mlp_matches_float64_on_xla(activation):
   _check_mlp(_mlp_arrays(21, 24, 40, 16, jnp.dtype(jnp.bfloat16)), activation, "xla")
 
 
+@pytest.mark.slow  # the kernels' arithmetic: CI's jax 0.11.2 leg (the GPU machine's)
 @needs_transposes
 @pytest.mark.parametrize("extras,fuse_backward", [(True, True), (False, False)])
 def test_gated_mlp_kernels_match_float64_in_interpret_mode(extras, fuse_backward):
