@@ -162,11 +162,6 @@ def routed_operands(activation) -> tuple[str, ...]:
   return activation.operands if isinstance(activation, CustomActivation) else ()
 
 
-def takes_residual(activation) -> bool:
-  """Whether the activation is a user's epilogue that consumes the residual."""
-  return "residual" in routed_operands(activation)
-
-
 def activation_fn(activation) -> Callable:
   """The f32 function of an activation (a name of `ACTIVATIONS` or a `CustomActivation`).
 
