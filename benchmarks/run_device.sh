@@ -13,9 +13,10 @@
 #                                         # fused all-gather kernel's first run), TP MLP timing
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
 #                                         # weight-only and W8A8 timing (~6 min)
-#   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exp. 77 (~6 min): the small-
-#                                         # GEMM route on CUPTI and wall clock; the time model's
-#                                         # cluster term against the shipped model, held-out sweep
+#   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 77-78 (~8 min): user
+#                                         # epilogues' GPU tests; the small-GEMM route on CUPTI
+#                                         # and wall clock; the time model's cluster term against
+#                                         # the shipped model, held-out sweep
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -87,6 +88,7 @@ case "${1:-}" in
       --json "$OUT/multi_gpu.json"
     ;;
   next)
+    step user_epilogue_tests 150 3 python -u -m pytest -q -m gpu tests/test_activations.py
     step route_probe 200 10 python -u -m benchmarks.route_probe
     step compare_cluster 330 20 python -u -m benchmarks.calibrate --compare cluster_fixed_s=1e-7 \
       --sweep heldout,fit
