@@ -129,21 +129,28 @@ def with_operands(fn, *operands: str) -> CustomActivation:
         f"with_operands: operands must be distinct names of {sorted(OPERAND_KINDS)}, "
         f"got {operands!r}"
     )
-  probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
   arguments = ", ".join(("pre",) + operands)
-  try:
-    out = jax.eval_shape(fn, *(probe,) * (1 + len(operands)))
-  except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
-    raise ValueError(
-        f"with_operands: {fn!r} must be an elementwise function of {1 + len(operands)} f32 "
-        f"arrays ({arguments}); calling it so failed ({type(e).__name__}: {e})"
-    ) from e
-  if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
-    raise ValueError(
-        f"with_operands: {fn!r} must be elementwise: f({arguments}) keeps their shape and "
-        f"f32 dtype; (2, 3) f32 arrays gave {out}"
-    )
+  _check_elementwise(
+      fn,
+      1 + len(operands),
+      f"with_operands: {fn!r} must be an elementwise function of {1 + len(operands)} f32 "
+      f"arrays ({arguments}); calling it so failed",
+      f"with_operands: {fn!r} must be elementwise: f({arguments}) keeps their shape and "
+      f"f32 dtype; (2, 3) f32 arrays gave",
+  )
   return CustomActivation(fn, operands=tuple(operands))
+
+
+def _check_elementwise(fn, arity: int, call_failed: str, not_elementwise: str) -> None:
+  """Raises a ValueError (the message given, then what happened) unless `fn` of `arity`
+  (2, 3) f32 arrays returns one (2, 3) f32 array."""
+  probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+  try:
+    out = jax.eval_shape(fn, *(probe,) * arity)
+  except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
+    raise ValueError(f"{call_failed} ({type(e).__name__}: {e})") from e
+  if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
+    raise ValueError(f"{not_elementwise} {out}")
 
 
 def with_residual(fn) -> CustomActivation:
@@ -229,19 +236,14 @@ def activation_name(activation, argument: str = "activation", *, custom: bool = 
   except TypeError:  # unhashable
     pass
   if custom and callable(activation):
-    probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
-    try:
-      out = jax.eval_shape(activation, probe)
-    except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
-      raise ValueError(
-          f"{argument}: {activation!r} must be an elementwise function of one f32 array; "
-          f"calling it on one failed ({type(e).__name__}: {e})"
-      ) from e
-    if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
-      raise ValueError(
-          f"{argument}: {activation!r} must be elementwise: f(x) keeps x's shape and f32 "
-          f"dtype; a (2, 3) f32 array gave {out}"
-      )
+    _check_elementwise(
+        activation,
+        1,
+        f"{argument}: {activation!r} must be an elementwise function of one f32 array; "
+        "calling it on one failed",
+        f"{argument}: {activation!r} must be elementwise: f(x) keeps x's shape and f32 "
+        "dtype; a (2, 3) f32 array gave",
+    )
     return CustomActivation(activation)
   names = sorted([*ACTIVATIONS, *ALIASES])
   allowed = f"None, one of {names}" + (
