@@ -47,6 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+DECODE_ITERS = 40
+"""Timed calls per variant and round of a decode-like forward at least: ~1.5 ms each and
+bound by the host's dispatch, whose jitter 5 samples did not average out (NOTES exp. 79)."""
+
 GROUPS = ("gemm", "attention", "elementwise", "other")
 _GROUP_WORDS = (
     # Checked in order: the first group whose words match a kernel name wins.
@@ -466,7 +470,7 @@ class Run:
             tokens=int(tokens.size), compile_s=time.perf_counter() - t0
         )
       calls = {v: functools.partial(compiled[v], params, self.rest, tokens) for v in self.variants}
-      samples = interleaved(calls, rounds, iters)
+      samples = interleaved(calls, rounds, iters if case == "prefill" else max(iters, DECODE_ITERS))
       for variant, times in samples.items():
         self.rows[variant]["inference"][case]["ms"] = statistics.median(times)
         if _on_gpu():

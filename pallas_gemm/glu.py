@@ -36,6 +36,7 @@ from pallas_gemm import _compat
 from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import gemm as gemm_lib
+from pallas_gemm import route
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import GemmConfig, GemmProblem, fit_stages, tiles
@@ -106,12 +107,9 @@ def gated_linear_unit(
       raise ValueError(f"{name} must have shape (N,) = ({n},), got {jnp.shape(v)}")
   gemm_lib.check_real(bias_gate=bias_gate, bias_up=bias_up)
   out_dtype = jnp.dtype(out_dtype or x.dtype).name
-  if implementation is None:
-    implementation = "auto" if _compat.on_hopper() else "xla"
-  if implementation == "auto":
-    implementation = "pallas" if _compat.on_hopper() else "xla"
   dtype = x.dtype.name
   rows = math.prod(x.shape[:-1])
+  implementation = _resolve(implementation, config, GemmProblem(m=rows, n=2 * n, k=k, dtype=dtype))
   if dtype not in DTYPES or out_dtype not in DTYPES or 0 in (rows, n, k):
     implementation = "xla"
   static = _Static(activation, implementation, dtype, out_dtype, config)
@@ -308,6 +306,16 @@ _glu.defvjp(_fwd, _bwd)
 
 
 # -- the gated MLP: the backward's elementwise pass in the down projection's dH GEMM --
+def _resolve(implementation, config, up: GemmProblem) -> str:
+  """None/"auto": the kernel on a Hopper GPU where `route` gives the up projection `up`
+  (gate and up side by side) to it or a config asks for it, else XLA; others as given."""
+  if implementation not in (None, "auto"):
+    return implementation
+  if not _compat.on_hopper():
+    return "xla"
+  return "pallas" if config is not None else route.choose(up)[0]
+
+
 def gated_mlp(
     x,
     w_gate,
@@ -372,10 +380,9 @@ def gated_mlp(
   ):
     if v is not None and jnp.shape(v) != shape:
       raise ValueError(f"{name} must have shape {shape}, got {jnp.shape(v)}")
-  if implementation in (None, "auto"):
-    implementation = "pallas" if _compat.on_hopper() else "xla"
   dtype = x.dtype.name
   rows = math.prod(x.shape[:-1])
+  implementation = _resolve(implementation, None, GemmProblem(m=rows, n=2 * h, k=d, dtype=dtype))
   if dtype not in DTYPES or 0 in (rows, d, h, d_out):
     implementation = "xla"
   if not isinstance(fuse_backward, bool):

@@ -5,8 +5,10 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
 
 - K below one 64-deep K step (4096x4096x8: 0.65-0.76x): the problem is an outer
   product that streams its output, and the kernel's pipeline has nothing to overlap;
-- a few microseconds of work at the roofline (256^3, 1024^3 squares: 0.76-0.85x): the
-  kernel's launch and prologue cost about 1 us more than cuBLAS's;
+- well under a microsecond of work at the roofline (384^3): the kernel's 4 us on the
+  GPU beat cuBLAS's 5.7-6.5, but a chain of them is bound by the host's few us per
+  Mosaic launch and runs at 0.85-0.95x `jnp.dot` (NOTES exp. 79). From 512^3 the
+  kernel wins both ways (1.17-2.1x in kernel time, ~1.1x in a chain's wall clock);
 - decode: M <= 64 rows against a weight streamed from HBM (1x14336x4096 0.83-0.93x,
   8x14336x4096 0.86-0.97x, 1x8192x28672 0.90x; never above 1.01x, NOTES exps. 53, 75):
   cuBLAS's GEMV streams the weights at least as fast as the kernel's tiles;
@@ -39,9 +41,9 @@ from pallas_gemm.split_k import PEAK_FLOPS  # H100 SXM dense bf16; an H200's is 
 MIN_K = 64
 """Below one K step of the default tile (64 bf16 elements, a 128-byte swizzle span)."""
 
-MIN_ROOFLINE_US = 3.0
-"""GEMMs shorter than this at the roofline are dominated by fixed costs (~1 us more
-than cuBLAS's per launch, NOTES exp. 43)."""
+MIN_ROOFLINE_US = 0.3
+"""GEMMs shorter than this at the roofline are bound by the host's per-launch cost, a few
+us more for a Mosaic kernel than for cuBLAS (NOTES exps. 48, 79)."""
 
 DECODE_MAX_M = 64
 """Memory-bound GEMMs with at most this many rows (decode steps) go to XLA."""
@@ -105,8 +107,8 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
   t = roofline_us(problem)
   if t < MIN_ROOFLINE_US:
     return "xla", (
-        f"{t:.1f} us at the roofline < {MIN_ROOFLINE_US}: fixed costs dominate "
-        "(the kernel's are ~1 us more than cuBLAS's)"
+        f"{t:.2f} us at the roofline < {MIN_ROOFLINE_US}: bound by the host's per-launch "
+        "cost (a Mosaic launch costs a few us more than cuBLAS's)"
     )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
   memory_bound = 2.0 * problem.batch * problem.m * problem.n * problem.k / PEAK_FLOPS < (
