@@ -98,6 +98,20 @@ def padding_copy_bytes(problem: GemmProblem) -> int:
   return copied
 
 
+def _memory_bound(problem: GemmProblem) -> bool:
+  flops = 2.0 * problem.batch * problem.m * problem.n * problem.k
+  return flops / PEAK_FLOPS < min_bytes(problem) / HBM_BYTES_PER_S
+
+
+def is_decode(problem: GemmProblem) -> bool:
+  """A decode step's GEMM: at most `DECODE_MAX_M` rows against a weight streamed from HBM.
+
+  >>> is_decode(GemmProblem(m=1, n=14336, k=4096)), is_decode(GemmProblem(m=4096, n=4096, k=4096))
+  (True, False)
+  """
+  return problem.batch == 1 and problem.m <= DECODE_MAX_M and _memory_bound(problem)
+
+
 def choose(problem: GemmProblem) -> tuple[str, str]:
   """("pallas" or "xla", why) for a GEMM on a Hopper GPU."""
   if problem.dtype not in ROUTED_DTYPES or problem.dtype_b != problem.dtype:
@@ -110,16 +124,13 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         f"{t:.2f} us at the roofline < {MIN_ROOFLINE_US}: bound by the host's per-launch "
         "cost (a Mosaic launch costs a few us more than cuBLAS's)"
     )
-  copied, own = padding_copy_bytes(problem), min_bytes(problem)
-  memory_bound = 2.0 * problem.batch * problem.m * problem.n * problem.k / PEAK_FLOPS < (
-      own / HBM_BYTES_PER_S
-  )
-  if memory_bound and problem.m <= DECODE_MAX_M and problem.batch == 1:
+  if is_decode(problem):
     return "xla", (
         f"decode: M={problem.m} <= {DECODE_MAX_M}, memory-bound (cuBLAS's GEMV streams the "
         "weights at least as fast)"
     )
-  if memory_bound and copied > MAX_COPY_FRACTION * own:
+  copied, own = padding_copy_bytes(problem), min_bytes(problem)
+  if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:
     return "xla", (
         f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"
     )
