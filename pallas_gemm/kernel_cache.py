@@ -43,6 +43,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_ahead
 from pallas_gemm import lowering_pool
 
 SUBDIR = "pallas_gemm_kernels"
@@ -73,7 +74,7 @@ def launch(
   closed, out_shape = jax.make_jaxpr(_flat_fn(fn, static, tree), return_shape=True)(*flat)
   key = entry_key(fn, static, tree, avals) if storable else None
   if lower_ahead and key is not None:
-    _lower_ahead(key, fn, static, tree, avals)
+    _lower_ahead(key, fn, static, tree, avals, closed)
   outs = kernel_p.bind(*flat, jaxpr=closed, key=key)
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
@@ -183,6 +184,7 @@ def _lower(ctx, *args, jaxpr, key):
   stored = _single_custom_call(outs, _flat(args))
   if stored is not None:
     _store(key, stored)
+    _compile_ahead(key, jaxpr, ctx.avals_in)
   return outs
 
 
@@ -205,6 +207,7 @@ def forget() -> None:
   store on disk stays). For tests and benchmarks."""
   _lowered.clear()
   _pending.clear()
+  compile_ahead.forget()
 
 
 def _read(key: str) -> dict | None:
@@ -217,7 +220,7 @@ def _read(key: str) -> dict | None:
     return None
 
 
-def _lower_ahead(key, fn, static, tree, avals) -> None:
+def _lower_ahead(key, fn, static, tree, avals, closed) -> None:
   if key in _lowered or key in _pending:
     return
   directory = store_dir()
@@ -231,6 +234,23 @@ def _lower_ahead(key, fn, static, tree, avals) -> None:
   )
   if future is not None:
     _pending[key] = future
+    future.add_done_callback(functools.partial(_lowered_by_pool, key, closed, avals))
+
+
+def _lowered_by_pool(key, closed, avals, future) -> None:
+  """A worker's lowering as soon as it arrives: stored, and compiled ahead."""
+  if future.cancelled() or future.exception() is not None or future.result() is None:
+    return
+  _store(key, future.result())
+  _compile_ahead(key, closed, avals)
+
+
+def _compile_ahead(key, closed, avals) -> None:
+  """Has `compile_ahead` compile a program of this one kernel (its stored custom call),
+  so that Mosaic GPU finds it compiled when the program around it is compiled."""
+  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+  program = jax.jit(lambda *leaves: kernel_p.bind(*leaves, jaxpr=closed, key=key))
+  compile_ahead.submit(key, lambda: program.lower(*specs).compile())
 
 
 def _from_pool(key: str) -> dict | None:

@@ -107,3 +107,53 @@ def test_a_kernel_lowered_for_one_program_is_not_lowered_for_the_next(monkeypatc
   monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
   text = jax.export.export(jax.jit(_loss), platforms=["cuda"])(*ARGS).mlir_module()
   assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
+
+
+def _double(x, *, k):
+  return x * k
+
+
+def test_a_pooled_lowering_is_stored_and_compiled_ahead_when_it_arrives(monkeypatch):
+  # On the GPU the one-kernel program leaves the Mosaic kernel compiled for the model's
+  # own compile (Mosaic caches kernels by hash per process); here it is the CPU's program.
+  import concurrent.futures
+
+  from pallas_gemm import compile_ahead
+
+  kernel_cache.forget()
+  monkeypatch.setattr(compile_ahead, "enabled", lambda: True)
+  submitted = {}
+  real_submit = compile_ahead.submit
+  monkeypatch.setattr(
+      compile_ahead,
+      "submit",
+      lambda key, program: submitted.setdefault(key, real_submit(key, program)),
+  )
+  x = jnp.ones((4,), jnp.float32)
+  closed = jax.make_jaxpr(lambda x: _double(x, k=3.0))(x)
+  future = concurrent.futures.Future()
+  kernel_cache._pending["k1"] = future
+  future.add_done_callback(
+      lambda f: kernel_cache._lowered_by_pool("k1", closed, [jax.typeof(x)], f)
+  )
+  stored = {"results": ["tensor<4xf32>"], "attributes": {}}
+  future.set_result(stored)
+  assert kernel_cache._lowered["k1"] == stored
+  assert submitted["k1"].result(timeout=60) is True  # the program compiled
+  assert real_submit("k1", lambda: None) is None  # once per kernel
+  cancelled = concurrent.futures.Future()
+  cancelled.cancel()
+  kernel_cache._lowered_by_pool("k2", closed, [jax.typeof(x)], cancelled)
+  assert "k2" not in kernel_cache._lowered and "k2" not in submitted
+  kernel_cache.forget()
+
+
+def test_compile_ahead_is_off_without_a_gpu_and_drops_failures(monkeypatch):
+  from pallas_gemm import compile_ahead
+
+  compile_ahead.forget()
+  assert compile_ahead.submit("off", lambda: None) is None  # the CPU backend
+  monkeypatch.setattr(compile_ahead, "enabled", lambda: True)
+  failing = compile_ahead.submit("fails", lambda: 1 / 0)
+  assert failing.result(timeout=60) is False
+  compile_ahead.forget()
