@@ -222,10 +222,3 @@ def concrete_mesh_context():
   mesh = mesh_lib.get_concrete_mesh()
   return None if mesh is None or mesh.empty else mesh
 
-
-def without_persistent_cache():
-  """A context (this thread only) in which jax neither reads nor writes its persistent
-  compilation cache (jax's private config state; 0.10-0.12 alike)."""
-  from jax._src import config
-
-  return config.enable_compilation_cache(False)

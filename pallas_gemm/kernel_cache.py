@@ -250,13 +250,7 @@ def _compile_ahead(key, closed, avals) -> None:
   so that Mosaic GPU finds it compiled when the program around it is compiled."""
   specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
   program = jax.jit(lambda *leaves: kernel_p.bind(*leaves, jaxpr=closed, key=key))
-  compile_ahead.submit(key, lambda: _compile_quietly(program, specs))
-
-
-def _compile_quietly(program, specs):
-  """Compiles `program` without a persistent cache entry: only its kernel is wanted."""
-  with _compat.without_persistent_cache():
-    return program.lower(*specs).compile()
+  compile_ahead.submit(key, lambda: program.lower(*specs).compile())
 
 
 def _from_pool(key: str) -> dict | None:
