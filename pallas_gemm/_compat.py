@@ -221,4 +221,3 @@ def concrete_mesh_context():
 
   mesh = mesh_lib.get_concrete_mesh()
   return None if mesh is None or mesh.empty else mesh
-

@@ -90,10 +90,11 @@ def matmul(
     residual=None,
     clamp=None,
     out_scale=None,
+    scalar=None,
 ):
   """`pallas_gemm.gemm.gemm` (the kernel entry; same arguments, same result), differentiable.
 
-  Adds reverse-mode gradients for a, b, bias, c, row_bias and residual (see
+  Adds reverse-mode gradients for a, b, bias, c, row_bias, residual and scalar (see
   the module doc), vmap onto the kernel's batch dimension (`batching`), and
   operands sharded over Explicit mesh axes (`sharding`). With
   `implementation="xla"` (the default off Hopper) and the output in the operands' dtype
@@ -116,12 +117,12 @@ def matmul(
       )
   activation = epilogue_lib.activation_name(activation, custom=True)
   check_flags(transpose_a=transpose_a, transpose_b=transpose_b)
-  check_real(bias=bias, c=c, row_bias=row_bias, residual=residual)
+  check_real(bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar)
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
-  bias, c, row_bias, residual = (
-      None if x is None else jnp.asarray(x) for x in (bias, c, row_bias, residual)
+  bias, c, row_bias, residual, scalar = (
+      None if x is None else jnp.asarray(x) for x in (bias, c, row_bias, residual, scalar)
   )
   if out_dtype is None:
     out_dtype = jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype
@@ -138,7 +139,7 @@ def matmul(
       clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
       autotune=autotune,
   )
-  operands = (a, b, bias, c, row_bias, residual)
+  operands = (a, b, bias, c, row_bias, residual, scalar)
   if (
       implementation == "xla"
       and call.out_dtype == a.dtype.name == b.dtype.name not in FP8_DTYPES
@@ -153,8 +154,10 @@ def matmul(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _matmul(call, a, b, bias, c, row_bias, residual):
-  return sharding.gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual)
+def _matmul(call, a, b, bias, c, row_bias, residual, scalar):
+  return sharding.gemm(
+      call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,12 +186,13 @@ class _Wanted:
   c: _Grad | None
   row_bias: _Grad | None
   residual: _Grad | None
+  scalar: _Grad | None
   operand_dtype: str
 
 
 def _fwd(call, *primals):
   grads = (_Grad.of(x.value) if x is not None and x.perturbed else None for x in primals)
-  a, b, bias, c, row_bias, residual = (None if x is None else x.value for x in primals)
+  a, b, bias, c, row_bias, residual, scalar = (None if x is None else x.value for x in primals)
   if {a.dtype.name, b.dtype.name, call.out_dtype}.intersection(FP8_DTYPES):
     raise NotImplementedError(
         f"pallas_gemm.matmul is not differentiable with fp8 operands or outputs "
@@ -196,7 +200,7 @@ def _fwd(call, *primals):
         f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM"
     )
   wanted = _Wanted(*grads, operand_dtype=a.dtype.name)
-  extras = dict(bias=bias, c=c, row_bias=row_bias)
+  extras = dict(bias=bias, c=c, row_bias=row_bias, scalar=scalar)
   if call.nonlinear:
     y, pre = sharding.gemm(
         dataclasses.replace(call, return_pre=True), a, b, residual=residual, **extras
@@ -211,22 +215,23 @@ def _fwd(call, *primals):
       residual if call.clamp is not None or "residual" in routed else None,
       bias if "bias" in routed else None,
       row_bias if "row_bias" in routed else None,
+      scalar,  # only a user's epilogue takes it
   )
   return y, (*saved, wanted)
 
 
 def _bwd(call, saved, g):
-  a, b, pre, residual, bias, row_bias, wanted = saved
+  a, b, pre, residual, bias, row_bias, scalar, wanted = saved
   if isinstance(g, SymbolicZero):
-    return (None,) * 6
-  d_residual, bias_grad, row_bias_grad = g, None, None
+    return (None,) * 7
+  d_residual, bias_grad, row_bias_grad, scalar_grad = g, None, None, None
   if pre is None:
     d_affine = g
   elif _fuses_dpre(call, pre, g, wanted):
     d_affine, bias_grad = fused_dpre(call, pre, g)
   else:
-    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual, bias, row_bias)
-    d_affine, d_residual, bias_grad, row_bias_grad = tail_vjp(g.astype(jnp.float32))
+    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual, bias, row_bias, scalar)
+    d_affine, d_residual, bias_grad, row_bias_grad, scalar_grad = tail_vjp(g.astype(jnp.float32))
     d_residual = g if residual is None else d_residual
   # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
   # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
@@ -243,20 +248,21 @@ def _bwd(call, saved, g):
       wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
       wanted.row_bias and _cast(row_bias_grad, wanted.row_bias),
       wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
+      wanted.scalar and _cast(scalar_grad, wanted.scalar),
   )
 
 
 _matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
-def _tail(call, pre, residual, bias, row_bias):
+def _tail(call, pre, residual, bias, row_bias, scalar):
   """The epilogue after the affine part, in f32: clamp(act(pre) + residual), or a user's
-  clamp(fn(pre, *operands)) (`with_operands`: `bias` and `row_bias` given only when fn
-  takes them)."""
+  clamp(fn(pre, *operands)) (`with_operands`: `bias`, `row_bias` and `scalar` given only
+  when fn takes them)."""
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(activation=call.activation, clamp_lo=lo, clamp_hi=hi)
   row_bias = None if row_bias is None else row_bias[..., None]  # (..., M) -> rows
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
   return epilogue_lib.quantize(spec, y)
 
 

@@ -72,15 +72,18 @@ class GemmCall:
     return dataclasses.replace(self.affine("float32"), beta=0.0)
 
 
-def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None):
+def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None, scalar=None):
   """What `pallas_gemm.gemm.gemm` computes for `call` and these arrays."""
-  return _vmappable(call)(a, b, bias, c, row_bias, residual)
+  return _vmappable(call)(a, b, bias, c, row_bias, residual, scalar)
 
 
-def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, residual=None):
+def finish_epilogue(
+    call: GemmCall, acc, *, bias=None, c=None, row_bias=None, residual=None, scalar=None
+):
   """`call`'s epilogue after alpha, in XLA, on an f32 `alpha * op(a) @ op(b)`.
 
-  Biases, c and residual must broadcast against `acc` (row_bias as (..., M, 1)).
+  Biases, c, residual and scalar must broadcast against `acc` (row_bias as (..., M, 1),
+  a per-example scalar as (size, 1, ..., 1)).
   Returns y, or (y, pre) when `call.return_pre`.
   """
   saturate = float(jnp.finfo(call.out_dtype).max) if call.out_dtype in FP8_DTYPES else None
@@ -95,7 +98,7 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
       residual_slope=call.residual_slope,
   )
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
   y = epilogue_lib.quantize(spec, y)
   y = y.astype(call.out_dtype)
   return (y, pre.astype(call.out_dtype)) if call.return_pre else y
@@ -103,8 +106,8 @@ def finish_epilogue(call: GemmCall, acc, *, bias=None, c=None, row_bias=None, re
 
 def _vmappable(call):
   @jax.custom_batching.custom_vmap
-  def vmappable(a, b, bias, c, row_bias, residual):
-    return run(call, a, b, bias, c, row_bias, residual)
+  def vmappable(a, b, bias, c, row_bias, residual, scalar):
+    return run(call, a, b, bias, c, row_bias, residual, scalar)
 
   @vmappable.def_vmap
   def rule(axis_size, in_batched, *args):
@@ -113,7 +116,7 @@ def _vmappable(call):
   return vmappable
 
 
-def run(call, a, b, bias, c, row_bias, residual):
+def run(call, a, b, bias, c, row_bias, residual, scalar=None):
   """`call` on unbatched operands: the entry of `pallas_gemm.gemm.gemm`, as jax traces it
   (no custom batching rule: the XLA implementation batches and differentiates natively)."""
   if call.implementation == "interpret":
@@ -142,12 +145,14 @@ def run(call, a, b, bias, c, row_bias, residual):
       out_scale=call.out_scale,
       return_pre=call.return_pre,
       residual_slope=call.residual_slope,
+      scalar=scalar,
   )
 
 
-def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
+def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual, scalar):
   """The vmap rule: batched arrays carry the vmapped dim first (custom_vmap's convention)."""
-  a_batched, b_batched, bias_batched, c_batched, row_bias_batched, residual_batched = in_batched
+  a_batched, b_batched, bias_batched, c_batched, row_bias_batched, residual_batched = in_batched[:6]
+  scalar_batched = in_batched[6]
   # The kernel wants equal batch dims on A and B, or one of them 2-D.
   batch = (size, *(a.shape[a_batched:-2] or b.shape[b_batched:-2]))
   a, b, c, residual = (
@@ -161,16 +166,21 @@ def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual):
   )
   if a.ndim == b.ndim == 2 and any(x is not None and x.ndim > 2 for x in (c, residual)):
     a = _broadcast_batch(a, False, batch)  # only an addend is batched: so is the product
-  if not (bias_batched or row_bias_batched):
-    return gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual)
-  # The kernel's biases are single rows: the epilogue of per-example biases runs in XLA.
+  if not (bias_batched or row_bias_batched or scalar_batched):
+    return gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar)
+  # The kernel's biases are single rows and its scalar one value: the epilogue of
+  # per-example ones runs in XLA.
   acc = gemm(call.product(), a, b)  # (size, *batch, M, N)
   ones = (1,) * (acc.ndim - 3)
   if bias is not None and bias_batched:
     bias = bias.reshape(size, *ones, 1, -1)
   if row_bias is not None:
     row_bias = row_bias.reshape(*((size, *ones) if row_bias_batched else ()), -1, 1)
-  return finish_epilogue(call, acc, bias=bias, c=c, row_bias=row_bias, residual=residual)
+  if scalar is not None and scalar_batched:
+    scalar = scalar.reshape(size, *ones, 1, 1)
+  return finish_epilogue(
+      call, acc, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar
+  )
 
 
 def _broadcast_batch(x, batched, batch):

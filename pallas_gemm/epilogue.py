@@ -4,7 +4,7 @@
     y = clamp(act(pre) + residual, lo, hi)                            (`finish`)
     y = clamp(fn(pre, *operands), lo, hi)  (a user's `with_operands(fn, ...)` as the
                       activation: operands among residual, bias, row_bias, which then
-                      leave `affine` and the residual add)
+                      leave `affine` and the residual add, and a runtime scalar)
     y = clamp(act(pre) * slope(residual), lo, hi)  (with `residual_slope`: the backward of
                       an activation whose pre-activation is the residual operand)
     y = min(max(y * out_scale, -fp8_max), fp8_max)  (fp8 outputs only, `quantize`)
@@ -88,7 +88,8 @@ class CustomActivation:
   With `operands` (`with_operands(fn, ...)`), fn also takes GEMM operands by kind, in
   the order named: "residual" (a tile loaded beside the accumulator; fn's result then
   replaces act(pre) + residual), "bias" (a column vector) and "row_bias" (a row
-  vector), each then left out of `affine` and handed to fn, broadcast to the tile.
+  vector), each then left out of `affine` and handed to fn, broadcast to the tile, and
+  "scalar" (the GEMM's `scalar=`, an f32 read from device memory, handed as it is).
 
   >>> act = CustomActivation(lambda x: x * x)
   >>> act.name, float(act(jnp.float32(3.0)))
@@ -108,7 +109,12 @@ class CustomActivation:
     return "".join(ch if ch.isalnum() else "_" for ch in raw).strip("_").lower() or "custom"
 
 
-OPERAND_KINDS = {"residual": "tile", "bias": "column vector", "row_bias": "row vector"}
+OPERAND_KINDS = {
+    "residual": "tile",
+    "bias": "column vector",
+    "row_bias": "row vector",
+    "scalar": "runtime scalar",
+}
 """The GEMM operands a user's epilogue can take (`with_operands`), by kind."""
 
 
@@ -116,9 +122,10 @@ def with_operands(fn, *operands: str) -> CustomActivation:
   """A user's epilogue `fn(pre, *operands)` of f32 tiles: pass it as `activation=` with
   those operands given to the GEMM. "residual" (a tile, loaded beside the accumulator):
   fn's result replaces act(pre) + residual; "bias" (N,) and "row_bias" (M,): left out
-  of the affine part `pre` and handed to fn broadcast to the tile. Elementwise, in f32,
-  from what Mosaic GPU lowers (as `CustomActivation`), differentiated by jax in every
-  argument; define it once, not per call.
+  of the affine part `pre` and handed to fn broadcast to the tile; "scalar" (the GEMM's
+  `scalar=`, a runtime f32 such as a learned temperature): handed to fn as a 0-d array.
+  Elementwise, in f32, from what Mosaic GPU lowers (as `CustomActivation`),
+  differentiated by jax in every argument; define it once, not per call.
 
   >>> scale_gate = with_operands(lambda pre, g, s: pre * s / (1.0 + jnp.exp(-g)), "residual", "bias")
   >>> float(scale_gate(jnp.float32(2.0), jnp.float32(0.0), jnp.float32(3.0)))
@@ -132,7 +139,7 @@ def with_operands(fn, *operands: str) -> CustomActivation:
   arguments = ", ".join(("pre",) + operands)
   _check_elementwise(
       fn,
-      1 + len(operands),
+      tuple((2, 3) if kind != "scalar" else () for kind in ("pre",) + operands),
       f"with_operands: {fn!r} must be an elementwise function of {1 + len(operands)} f32 "
       f"arrays ({arguments}); calling it so failed",
       f"with_operands: {fn!r} must be elementwise: f({arguments}) keeps their shape and "
@@ -141,12 +148,12 @@ def with_operands(fn, *operands: str) -> CustomActivation:
   return CustomActivation(fn, operands=tuple(operands))
 
 
-def _check_elementwise(fn, arity: int, call_failed: str, not_elementwise: str) -> None:
-  """Raises a ValueError (the message given, then what happened) unless `fn` of `arity`
-  (2, 3) f32 arrays returns one (2, 3) f32 array."""
+def _check_elementwise(fn, shapes: tuple, call_failed: str, not_elementwise: str) -> None:
+  """Raises a ValueError (the message given, then what happened) unless `fn` of f32
+  arrays of `shapes` ((2, 3) tiles, () scalars) returns one (2, 3) f32 array."""
   probe = jax.ShapeDtypeStruct((2, 3), jnp.float32)
   try:
-    out = jax.eval_shape(fn, *(probe,) * arity)
+    out = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes))
   except Exception as e:  # noqa: BLE001 -- reported with the rule it breaks
     raise ValueError(f"{call_failed} ({type(e).__name__}: {e})") from e
   if getattr(out, "shape", None) != probe.shape or getattr(out, "dtype", None) != probe.dtype:
@@ -238,7 +245,7 @@ def activation_name(activation, argument: str = "activation", *, custom: bool = 
   if custom and callable(activation):
     _check_elementwise(
         activation,
-        1,
+        ((2, 3),),
         f"{argument}: {activation!r} must be an elementwise function of one f32 array; "
         "calling it on one failed",
         f"{argument}: {activation!r} must be elementwise: f(x) keeps x's shape and f32 "
@@ -374,7 +381,17 @@ def apply(
   return quantize(spec, y, out_scale)
 
 
-def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residual=None, scales=()):
+def compute(
+    spec: EpilogueSpec,
+    acc,
+    *,
+    c=None,
+    bias=None,
+    row_bias=None,
+    residual=None,
+    scales=(),
+    scalar=None,
+):
   """The epilogue up to the clamp, in f32 (`finish(affine(...))`); arrays already broadcast.
 
   >>> import jax.numpy as jnp
@@ -382,7 +399,7 @@ def compute(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, residu
   Array([[3., 6.]], dtype=float32)
   """
   pre = affine(spec, acc, c=c, bias=bias, row_bias=row_bias, scales=scales)
-  return finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  return finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
 
 
 def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=()):
@@ -407,9 +424,9 @@ def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=
   return y
 
 
-def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None):
+def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None, scalar=None):
   """From the activation to the clamp, in f32, given `pre = affine(...)`; `bias` and
-  `row_bias` (broadcast) are read only by a user's epilogue that takes them.
+  `row_bias` (broadcast) and `scalar` are read only by a user's epilogue that takes them.
 
   >>> import jax.numpy as jnp
   >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
@@ -421,7 +438,7 @@ def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None):
   y = pre.astype(jnp.float32)
   routed = routed_operands(spec.activation)
   if routed:  # a user's fn(pre, *operands); with the residual, it replaces act + residual
-    given = dict(residual=residual, bias=bias, row_bias=row_bias)
+    given = dict(residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
     missing = [name for name in routed if given[name] is None]
     if missing:
       raise ValueError(

@@ -87,9 +87,11 @@ class Linear(nnx.Linear):
     self.activation = activation
     self.implementation = implementation
 
-  def __call__(self, inputs, out_sharding=None, *, residual=None):
+  def __call__(self, inputs, out_sharding=None, *, residual=None, scalar=None):
     """`act(inputs @ kernel + bias) + residual`; `residual` (inputs' leading dims,
-    out_features), added in the kernel's epilogue (e.g. a transformer block's skip)."""
+    out_features), added in the kernel's epilogue (e.g. a transformer block's skip);
+    `scalar`, for an activation `with_operands(fn, ..., "scalar")` (a learned
+    temperature, say: pass an `nnx.Param`'s value)."""
     bias = self.bias[...] if self.bias is not None else None
     inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
     y = dense(
@@ -100,6 +102,7 @@ class Linear(nnx.Linear):
         residual=residual,
         out_dtype=self.preferred_element_type,
         implementation=self.implementation,
+        scalar=scalar,
     )
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
@@ -442,8 +445,10 @@ def dense(
     residual=None,
     out_dtype=None,
     implementation=None,
+    scalar=None,
 ):
-  """`act(inputs @ kernel + bias) + residual` over the last dim of `inputs`, as one kernel call.
+  """`act(inputs @ kernel + bias) + residual` over the last dim of `inputs`, as one kernel call
+  (`scalar`: for a user's epilogue that takes one, `epilogue.with_operands`).
 
   >>> import jax.numpy as jnp
   >>> dense(jnp.ones((3, 2), jnp.bfloat16), jnp.ones((2, 5), jnp.bfloat16)).shape
@@ -464,6 +469,7 @@ def dense(
       residual=residual,
       out_dtype=out_dtype,
       implementation=implementation,
+      scalar=scalar,
   )
   return y.reshape(*inputs.shape[:-1], kernel.shape[-1])
 

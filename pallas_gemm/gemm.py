@@ -77,6 +77,7 @@ def gemm(
     out_scale=None,
     return_pre=False,
     residual_slope=None,
+    scalar=None,
 ):
   """Computes, with f32 accumulation and every step fused into the kernel's epilogue,
 
@@ -100,8 +101,8 @@ def gemm(
       traced into the kernel's epilogue and differentiated by jax
       (`epilogue.CustomActivation`: one compile per function object); or a user's
       epilogue of operands by kind, `epilogue.with_operands(fn, "residual", "bias",
-      "row_bias")` (any of them, in fn's order): y = fn(pre, *operands), the residual
-      tile no longer added, the bias vectors no longer in `pre`.
+      "row_bias", "scalar")` (any of them, in fn's order): y = fn(pre, *operands), the
+      residual tile no longer added, the bias vectors no longer in `pre`.
     c: (..., M, N) or (M, N) addend, read only when `beta != 0` (as in BLAS);
       not with fp8 outputs.
     alpha, beta: Python numbers (compiled into the kernel). For fp8 operands
@@ -130,6 +131,9 @@ def gemm(
       activation's input and multiplies by its derivative instead of adding,
       y = act(pre) * slope(residual): the backward of an activation fused into
       the GEMM that makes its cotangent (`pallas_gemm.mlp`). Needs `residual`.
+    scalar: a real scalar (shape ()) for a user's epilogue that takes one
+      (`with_operands(fn, ..., "scalar")`), read from device memory at run time (a
+      traced value, not compiled in), or None.
   Returns:
     (..., M, N) array of `out_dtype`; with `return_pre`, the pair (y, pre).
   """
@@ -148,12 +152,13 @@ def gemm(
   problem = check_extras(problem, batch_shape, row_bias, residual)
   spec = epilogue_spec(problem, activation, alpha, beta, clamp, out_scale)
   routed = epilogue_lib.routed_operands(activation)
-  given = dict(residual=residual, bias=bias, row_bias=row_bias)
+  given = dict(residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
   if [name for name in routed if given[name] is None] or (routed and residual_slope):
     raise ValueError(
         f"activation={activation.name} (with_operands) takes {list(routed)}: it needs "
         f"each of them given ({', '.join(f'{n}=' for n in routed)}) and no residual_slope"
     )
+  scalars = None if scalar is None else scalar_operand(scalar, routed)
   if residual_slope is not None:
     if residual is None:
       raise ValueError("residual_slope needs residual (the activation's input)")
@@ -186,6 +191,7 @@ def gemm(
         c,
         row_bias,
         residual,
+        scalars=scalars,
         return_pre=bool(return_pre),
         product_dtype=problem.out_dtype if decode else None,
     )
@@ -202,6 +208,7 @@ def gemm(
       autotune=autotune,
       row_bias=row_bias,
       residual=residual,
+      scalars=scalars,
       return_pre=bool(return_pre),
   )
 
@@ -218,6 +225,21 @@ def check_flags(**flags) -> None:
   for name, value in flags.items():
     if not isinstance(value, (bool, np.bool_)):
       raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def scalar_operand(scalar, routed) -> jax.Array:
+  """`scalars` for the kernel and `_epilogue_in_xla` carrying a user's epilogue scalar:
+  f32 [1 (accumulator multiplier), 1 (fp8 output scale), scalar]."""
+  if "scalar" not in routed:
+    raise ValueError(
+        "scalar is read only by a user's epilogue that takes it: pass "
+        "activation=with_operands(fn, ..., 'scalar')"
+    )
+  check_real(scalar=scalar)
+  if jnp.shape(scalar) != ():
+    raise ValueError(f"scalar must be a scalar (shape ()), got shape {jnp.shape(scalar)}")
+  one = jnp.ones((), jnp.float32)
+  return jnp.stack([one, one, jnp.asarray(scalar, jnp.float32)])
 
 
 def check_real(**arrays) -> None:
@@ -427,7 +449,8 @@ def _epilogue_in_xla(
   )
   row_bias = None if row_bias is None else jnp.asarray(row_bias)[:, None]
   pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, scales=scales, row_bias=row_bias)
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias)
+  scalar = None if scalars is None or scalars.shape[0] < 3 else scalars[2]
+  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
   results = (
       (out,)
@@ -564,7 +587,8 @@ def kernel_gemm(
     residual_up=None,
 ):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
-  scale), `row_scale` (M,) and `col_scale` (N,) are runtime multipliers; results
+  scale; (3,): and a user's epilogue scalar), `row_scale` (M,) and `col_scale` (N,) are
+  runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
   before fp8 output scaling with `amax`. `residual_up` (2-D, with
   `spec.gated_slope` and `return_pre`): a gated unit's up pre-activation beside

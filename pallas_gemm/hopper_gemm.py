@@ -323,8 +323,13 @@ def _kernel(
         epi.stage_vectors(batch_idx, row0, col0)
       else:
         pl.when(kb == 0)(lambda: epi.stage_vectors(batch_idx, row0, col0))
-      # Runtime scalars (scaled fp8): read now, so their latency hides behind the K loop.
-      scalars = None if scalars_gmem is None else (scalars_gmem[0], scalars_gmem[1])
+      # Runtime scalars (scaled fp8; a user's epilogue scalar third): read now, so their
+      # latency hides behind the K loop.
+      scalars = (
+          None
+          if scalars_gmem is None
+          else tuple(scalars_gmem[i] for i in range(scalars_gmem.shape[0]))
+      )
 
       if prob.block_scaled:
         epi.run(
@@ -560,7 +565,8 @@ def hopper_gemm(
     row_bias: f32 (m_tiles * tile_m,) zero-padded per-row bias, or None.
     residual: (batch, M, N) or (M, N) addend of `problem.residual_dtype`, added
       after the activation, or None.
-    scalars: f32 (2,) runtime [accumulator multiplier, fp8 output scale], or None.
+    scalars: f32 (2,) runtime [accumulator multiplier, fp8 output scale], or (3,) with
+      a user's epilogue scalar (`with_operands(fn, "scalar")`) third, or None.
     row_scale: f32 (m_tiles * tile_m,) zero-padded per-row multiplier, or None.
     col_scale: f32 (n_tiles * tile_n,) zero-padded per-column multiplier, or None.
     valid_n: with `problem.amax`, the output columns that count (default N).

@@ -43,14 +43,21 @@ from pallas_gemm import batching
 from pallas_gemm.batching import GemmCall
 
 
-def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None):
-  """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes."""
-  extras = {"bias": bias, "c": c, "row_bias": row_bias, "residual": residual}
+def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None, scalar=None):
+  """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes (a
+  user's epilogue scalar replicated)."""
+  extras = {"bias": bias, "c": c, "row_bias": row_bias, "residual": residual, "scalar": scalar}
   mesh = explicit_mesh(a, b, *extras.values())
   if mesh is None:
     return batching.gemm(call, a, b, **extras)
   plan = _Plan.of(call, a, b)
-  specs = {"a": plan.a, "b": plan.b, "bias": (plan.n,), "row_bias": (plan.out[-2],)}
+  specs = {
+      "a": plan.a,
+      "b": plan.b,
+      "bias": (plan.n,),
+      "row_bias": (plan.out[-2],),
+      "scalar": (),
+  }
   for name in ("c", "residual"):
     if extras[name] is not None:
       specs[name] = plan.out[-extras[name].ndim :]

@@ -269,7 +269,12 @@ def build(
           buf = out_smem.at[wg, (store + 1) % slots]
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
         y = epilogue_lib.finish(
-            p.epilogue, y, residual=res_tile, bias=bias_tile, row_bias=row_bias_tile
+            p.epilogue,
+            y,
+            residual=res_tile,
+            bias=bias_tile,
+            row_bias=row_bias_tile,
+            scalar=None if scalars is None or len(scalars) < 3 else scalars[2],
         )
         last_chunk = i == wm // em - 1 and j == wn // en - 1
         if amax_smem is not None:

@@ -154,21 +154,87 @@ def _biased_gate(pre, col, gate, row):
 BIASED_GATE = epilogue.with_operands(_biased_gate, "bias", "residual", "row_bias")
 
 
-@pytest.mark.parametrize("act", [TANH_GATE, BIASED_GATE], ids=lambda a: a.name)
+def _capped_gate(pre, col, gate, row, cap):  # every kind: a soft cap's runtime scale too
+  return cap * jnp.tanh(_biased_gate(pre, col, gate, row) / cap)
+
+
+CAPPED_GATE = epilogue.with_operands(_capped_gate, "bias", "residual", "row_bias", "scalar")
+USER_EPILOGUES = [TANH_GATE, BIASED_GATE, CAPPED_GATE]
+
+
+@pytest.mark.parametrize("act", USER_EPILOGUES, ids=lambda a: a.name)
 def test_a_user_epilogue_lowers_into_the_kernel_forward_and_backward(act):
-  def loss(a, b, r, bias, row_bias):
+  def loss(a, b, r, bias, row_bias, cap):
     y = pallas_gemm.matmul(
-        a, b, residual=r, bias=bias, row_bias=row_bias, activation=act, implementation="pallas"
+        a,
+        b,
+        residual=r,
+        bias=bias,
+        row_bias=row_bias,
+        scalar=cap if "scalar" in act.operands else None,
+        activation=act,
+        implementation="pallas",
     )
     return jnp.sum(y.astype(jnp.float32))
 
-  shapes = ((256, 128), (128, 256), (256, 256), (256,), (256,))
-  dtypes = (jnp.bfloat16,) * 3 + (jnp.float32,) * 2
+  shapes = ((256, 128), (128, 256), (256, 256), (256,), (256,), ())
+  dtypes = (jnp.bfloat16,) * 3 + (jnp.float32,) * 3
   sds = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes)]
-  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2, 3, 4))), platforms=["cuda"])(
+  text = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2, 3, 4, 5))), platforms=["cuda"])(
       *sds
   ).mlir_module()
   assert f"_NN_{act.name}" in text  # the forward kernel, named after the function
+
+
+SOFTCAP = epilogue.with_operands(lambda pre, cap: cap * jnp.tanh(pre / cap), "scalar")
+
+
+@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+def test_a_runtime_scalar_under_vmap_is_per_example(implementation):
+  # Batched scalars leave the kernel a plain product and run the epilogue in XLA.
+  rng = np.random.default_rng(21)
+  a = jnp.asarray(rng.standard_normal((3, 200, 72)), jnp.bfloat16)
+  b = jnp.asarray(rng.standard_normal((72, 136)), jnp.bfloat16)
+  caps = jnp.asarray([1.5, 3.0, 6.0], jnp.float32)
+  f = lambda a, cap: pallas_gemm.matmul(
+      a, b, activation=SOFTCAP, scalar=cap, implementation=implementation
+  )
+  batched = jax.vmap(f)(a, caps)
+  for i in range(3):
+    np.testing.assert_allclose(
+        np.asarray(batched[i], np.float32), np.asarray(f(a[i], caps[i]), np.float32), rtol=2e-2
+    )
+  shared = jax.vmap(f, in_axes=(0, None))(a, caps[1])  # one scalar: the kernel's own
+  for i in range(3):
+    np.testing.assert_allclose(
+        np.asarray(shared[i], np.float32), np.asarray(f(a[i], caps[1]), np.float32), rtol=2e-2
+    )
+
+
+def test_a_runtime_scalar_is_checked():
+  a, b = jnp.ones((4, 8)), jnp.ones((8, 2))
+  with pytest.raises(ValueError, match="scalar is read only by a user's epilogue"):
+    pallas_gemm.matmul(a, b, scalar=2.0, implementation="xla")
+  with pytest.raises(ValueError, match=r"scalar must be a scalar \(shape \(\)\), got shape \(2,\)"):
+    pallas_gemm.matmul(a, b, activation=SOFTCAP, scalar=jnp.ones(2), implementation="xla")
+  with pytest.raises(TypeError, match="scalar must be real"):
+    pallas_gemm.matmul(a, b, activation=SOFTCAP, scalar=1j, implementation="xla")
+  with pytest.raises(ValueError, match=r"takes \['scalar'\]: it needs each of them given"):
+    pallas_gemm.matmul(a, b, activation=SOFTCAP, implementation="xla")
+
+
+def test_a_flax_layer_hands_a_learned_scalar_to_the_epilogue():
+  from flax import nnx
+
+  layer = pallas_gemm.flax.Linear(8, 4, activation=SOFTCAP, rngs=nnx.Rngs(0))
+  cap = nnx.Param(jnp.float32(2.0))
+  x = jax.random.normal(jax.random.key(1), (5, 8))
+  y = layer(x, scalar=cap[...])
+  np.testing.assert_allclose(
+      y, 2.0 * jnp.tanh((x @ layer.kernel[...] + layer.bias[...]) / 2.0), rtol=1e-5
+  )
+  grad = jax.grad(lambda c: jnp.sum(layer(x, scalar=c)))(jnp.float32(2.0))
+  assert np.isfinite(grad) and grad != 0
 
 
 @pytest.mark.parametrize(
@@ -257,7 +323,7 @@ def test_custom_activations_in_the_kernel_on_the_gpu(fn):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", [TANH_GATE, BIASED_GATE], ids=lambda a: a.name)
+@pytest.mark.parametrize("act", USER_EPILOGUES, ids=lambda a: a.name)
 def test_a_user_epilogue_in_the_kernel_on_the_gpu(act):
   rng = np.random.default_rng(12)
   a, b, r, bias, row_bias = (
@@ -268,22 +334,31 @@ def test_a_user_epilogue_in_the_kernel_on_the_gpu(act):
       rng.standard_normal(1000),
   )
   args = [jnp.asarray(v, jnp.bfloat16) for v in (a, b, r)] + [
-      jnp.asarray(v, jnp.float32) for v in (bias, row_bias)
+      jnp.asarray(v, jnp.float32) for v in (bias, row_bias, 3.0)
   ]
   loss = lambda f: lambda *v: jnp.sum(f(*v).astype(jnp.float32) ** 2)
-  ours = lambda a, b, r, bias, row_bias: pallas_gemm.matmul(
-      a, b, residual=r, bias=bias, row_bias=row_bias, activation=act, implementation="pallas"
+  takes_scalar = "scalar" in act.operands
+  ours = lambda a, b, r, bias, row_bias, cap: pallas_gemm.matmul(
+      a,
+      b,
+      residual=r,
+      bias=bias,
+      row_bias=row_bias,
+      scalar=cap if takes_scalar else None,
+      activation=act,
+      implementation="pallas",
   )
-  y, grads = ours(*args), jax.grad(loss(ours), (0, 1, 2, 3, 4))(*args)
+  wrt = (0, 1, 2, 3, 4, 5) if takes_scalar else (0, 1, 2, 3, 4)
+  y, grads = ours(*args), jax.grad(loss(ours), wrt)(*args)
 
-  def ref(a, b, r, bias, row_bias):
-    given = dict(residual=r, bias=bias, row_bias=row_bias[:, None])
+  def ref(a, b, r, bias, row_bias, cap):
+    given = dict(residual=r, bias=bias, row_bias=row_bias[:, None], scalar=cap)
     z = a @ b + sum(given[k] for k in ("bias", "row_bias") if k not in act.operands)
     return act.fn(z, *(given[k] for k in act.operands))
 
   with jax.enable_x64(True):
     f64 = [np.asarray(v, np.float64) for v in args]
-    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), (0, 1, 2, 3, 4))(*f64)
+    y_ref, grads_ref = ref(*f64), jax.grad(loss(ref), wrt)(*f64)
   rel = lambda x, r: np.linalg.norm(np.asarray(x, np.float64) - r) / np.linalg.norm(r)
   assert rel(y, y_ref) < 1e-2
   for g, r in zip(grads, grads_ref):

@@ -80,6 +80,7 @@ def _problem(
     batch_a=(),
     batch_b=(),
     seed=(),
+    scalar=False,
 ):
   """Fresh random operands (never zeros), a random cotangent and matmul's keyword args."""
   ta, tb = layout[0] == "T", layout[1] == "T"
@@ -92,6 +93,8 @@ def _problem(
       "row_bias": _normal(rng, (M,), jnp.float32) if row_bias else None,
       "residual": _normal(rng, (*(batch_a or batch_b), M, N), dtype) if residual else None,
   }
+  if scalar:  # a user's epilogue scalar (a soft cap's), away from 0
+    args["scalar"] = jnp.float32(rng.uniform(2.0, 6.0))
   cotangent = _normal(rng, (*(batch_a or batch_b), M, N), jnp.float32)
   static = dict(
       transpose_a=ta, transpose_b=tb, activation=activation, alpha=alpha, beta=beta, clamp=clamp
@@ -100,7 +103,20 @@ def _problem(
 
 
 def _reference(
-    a, b, bias, c, row_bias, residual, *, transpose_a, transpose_b, activation, alpha, beta, clamp
+    a,
+    b,
+    bias,
+    c,
+    row_bias,
+    residual,
+    scalar=None,
+    *,
+    transpose_a,
+    transpose_b,
+    activation,
+    alpha,
+    beta,
+    clamp,
 ):
   op_a = jnp.swapaxes(a, -1, -2) if transpose_a else a
   op_b = jnp.swapaxes(b, -1, -2) if transpose_b else b
@@ -114,7 +130,10 @@ def _reference(
     z = z + row_bias[:, None]
   if routed:  # y = fn(pre, *operands)
     given = dict(
-        residual=residual, bias=bias, row_bias=None if row_bias is None else row_bias[:, None]
+        residual=residual,
+        bias=bias,
+        row_bias=None if row_bias is None else row_bias[:, None],
+        scalar=scalar,
     )
     y = activation.fn(z, *(given[name] for name in routed))
     residual = None if "residual" in routed else residual
@@ -556,16 +575,27 @@ def _scaled_gate(pre, row_scale, gate, col_scale):  # every operand kind, in a u
   return _sigmoid_gate(pre * col_scale, gate) + row_scale
 
 
+def _capped_gate(pre, row_scale, gate, col_scale, cap):  # ... and a runtime scalar
+  return cap * jnp.tanh(_scaled_gate(pre, row_scale, gate, col_scale) / cap)
+
+
 GATE = epilogue_lib.with_residual(_sigmoid_gate)
 SCALED_GATE = epilogue_lib.with_operands(_scaled_gate, "row_bias", "residual", "bias")
-USER_EPILOGUES = {"gate": GATE, "scaled_gate": SCALED_GATE}
+CAPPED_GATE = epilogue_lib.with_operands(_capped_gate, "row_bias", "residual", "bias", "scalar")
+USER_EPILOGUES = {"gate": GATE, "scaled_gate": SCALED_GATE, "capped_gate": CAPPED_GATE}
 
 
 @pytest.mark.parametrize("name", list(USER_EPILOGUES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_user_epilogue_and_its_gradients_match_float64_on_xla(dtype, name):
   args, cotangent, static = _problem(
-      "NT", dtype, bias=True, row_bias=True, residual=True, seed=("user xla", name)
+      "NT",
+      dtype,
+      bias=True,
+      row_bias=True,
+      residual=True,
+      seed=("user xla", name),
+      scalar="scalar" in USER_EPILOGUES[name].operands,
   )
   static["activation"] = USER_EPILOGUES[name]
   _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
@@ -575,7 +605,13 @@ def test_a_user_epilogue_and_its_gradients_match_float64_on_xla(dtype, name):
 @pytest.mark.parametrize("name", list(USER_EPILOGUES))
 def test_interpret_gradients_with_a_user_epilogue_match_float64_reference(name):
   args, cotangent, static = _problem(
-      "NN", "bfloat16", bias=True, row_bias=True, residual=True, seed=("user", name)
+      "NN",
+      "bfloat16",
+      bias=True,
+      row_bias=True,
+      residual=True,
+      seed=("user", name),
+      scalar="scalar" in USER_EPILOGUES[name].operands,
   )
   static["activation"] = USER_EPILOGUES[name]
   _check_against_reference(

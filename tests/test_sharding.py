@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_gemm import epilogue
 from pallas_gemm.autodiff import matmul
 from pallas_gemm.dot import make_dot_general
 from tests import fake_devices
@@ -71,6 +72,28 @@ def test_layer_on_explicit_mesh_matches_unsharded(name):
   assert _rel_err(s_y, y) < 1e-2 and _rel_err(s_loss, loss) < 1e-3
   for g, s_g, arg in zip(grads, s_grads, sharded):
     assert s_g.sharding.spec == arg.sharding.spec
+    assert _rel_err(s_g, g) < 1e-2
+
+
+SOFTCAP = epilogue.with_operands(lambda pre, cap: cap * jnp.tanh(pre / cap), "scalar")
+
+
+@needs_devices
+@pytest.mark.parametrize("name", ["rows_and_columns", "contracting_dim"])
+def test_a_user_epilogue_scalar_is_replicated_over_the_mesh(name):
+  # Per shard (rows and columns) and after the psum of a sharded K, with its gradient.
+  x_spec, w_spec, out_spec = LAYER_SHARDINGS[name]
+  mesh = _mesh()
+  x, w, cap = _normal((16, 64)), _normal((64, 32), seed=1), jnp.float32(2.5)
+  loss = lambda x, w, cap: jnp.sum(
+      matmul(x, w, activation=SOFTCAP, scalar=cap, implementation="xla").astype(jnp.float32) ** 2
+  )
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+  value, grads = grad(x, w, cap)
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+  s_value, s_grads = grad(put(x, x_spec), put(w, w_spec), cap)
+  assert _rel_err(s_value, value) < 1e-3
+  for g, s_g in zip(grads, s_grads):
     assert _rel_err(s_g, g) < 1e-2
 
 
