@@ -13,8 +13,10 @@
 #                                         # fused all-gather kernel's first run), TP MLP timing
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
 #                                         # weight-only and W8A8 timing (~6 min)
-#   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-81 (~9 min): the
-#                                         # time model before exp. 79 against the shipped one
+#   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
+#                                         # user epilogues' GPU tests (the runtime scalar's
+#                                         # first run); the time model before exp. 79 against
+#                                         # the shipped one
 #                                         # (run it on an H200: the refit was timed on H100s);
 #                                         # the GPT model with decode routed whole
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
@@ -88,6 +90,7 @@ case "${1:-}" in
       --json "$OUT/multi_gpu.json"
     ;;
   next)
+    step user_epilogue_tests 150 3 python -u -m pytest -q -m gpu tests/test_activations.py
     step previous_model 200 12 python -u -m benchmarks.calibrate --compare launch_s=2e-6,tile_fixed_s=0.6e-6,hbm_bytes_per_s=5e12,cta_bytes_per_s=56e9,cluster_fixed_s=0 \
       --sweep heldout,fit,llm,training
     step model_gpt 380 6 python -u -m benchmarks.model --arch gpt --power 5 --json "$OUT/model_gpt.json"
