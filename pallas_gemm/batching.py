@@ -151,8 +151,15 @@ def run(call, a, b, bias, c, row_bias, residual, scalar=None):
 
 def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual, scalar):
   """The vmap rule: batched arrays carry the vmapped dim first (custom_vmap's convention)."""
-  a_batched, b_batched, bias_batched, c_batched, row_bias_batched, residual_batched = in_batched[:6]
-  scalar_batched = in_batched[6]
+  (
+      a_batched,
+      b_batched,
+      bias_batched,
+      c_batched,
+      row_bias_batched,
+      residual_batched,
+      scalar_batched,
+  ) = in_batched
   # The kernel wants equal batch dims on A and B, or one of them 2-D.
   batch = (size, *(a.shape[a_batched:-2] or b.shape[b_batched:-2]))
   a, b, c, residual = (
