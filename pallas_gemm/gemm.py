@@ -170,13 +170,14 @@ def gemm(
     implementation = "auto" if _compat.on_hopper() else "xla"
   if 0 in (problem.m, problem.n, problem.k, problem.batch):
     implementation = "xla"  # empty: what lax returns (the epilogue of zeros when K = 0)
-  routed = implementation == "auto" and not (config or autotune) and _compat.on_hopper()
+  routed = False  # whether `route` chose
   if implementation == "auto":  # a config or tuning asked for means the kernel
-    implementation = (
-        ("pallas" if config or autotune else route.choose(problem)[0])
-        if _compat.on_hopper()
-        else "xla"
-    )
+    if not _compat.on_hopper():
+      implementation = "xla"
+    elif config or autotune:
+      implementation = "pallas"
+    else:
+      implementation, routed = route.choose(problem)[0], True
   if implementation == "xla":
     # Routed decode rounds the product to the output dtype before the epilogue, as `jnp.dot`
     # and a bias add do: at M = 1 XLA turns the dot into multiply + reduce, and an f32
