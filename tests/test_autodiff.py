@@ -585,35 +585,33 @@ CAPPED_GATE = epilogue_lib.with_operands(_capped_gate, "row_bias", "residual", "
 USER_EPILOGUES = {"gate": GATE, "scaled_gate": SCALED_GATE, "capped_gate": CAPPED_GATE}
 
 
-@pytest.mark.parametrize("name", list(USER_EPILOGUES))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_user_epilogue_and_its_gradients_match_float64_on_xla(dtype, name):
+def _user_epilogue_problem(layout, dtype, name, seed):
+  """Every operand kind given (the scalar where the epilogue takes one), `name`'s epilogue."""
+  epilogue = USER_EPILOGUES[name]
   args, cotangent, static = _problem(
-      "NT",
+      layout,
       dtype,
       bias=True,
       row_bias=True,
       residual=True,
-      seed=("user xla", name),
-      scalar="scalar" in USER_EPILOGUES[name].operands,
+      seed=(seed, name),
+      scalar="scalar" in epilogue.operands,
   )
-  static["activation"] = USER_EPILOGUES[name]
+  static["activation"] = epilogue
+  return args, cotangent, static
+
+
+@pytest.mark.parametrize("name", list(USER_EPILOGUES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_user_epilogue_and_its_gradients_match_float64_on_xla(dtype, name):
+  args, cotangent, static = _user_epilogue_problem("NT", dtype, name, "user xla")
   _check_against_reference(args, cotangent, static, TOLERANCE[dtype], implementation="xla")
 
 
 @needs_transposed_interpret
 @pytest.mark.parametrize("name", list(USER_EPILOGUES))
 def test_interpret_gradients_with_a_user_epilogue_match_float64_reference(name):
-  args, cotangent, static = _problem(
-      "NN",
-      "bfloat16",
-      bias=True,
-      row_bias=True,
-      residual=True,
-      seed=("user", name),
-      scalar="scalar" in USER_EPILOGUES[name].operands,
-  )
-  static["activation"] = USER_EPILOGUES[name]
+  args, cotangent, static = _user_epilogue_problem("NN", "bfloat16", name, "user")
   _check_against_reference(
       args, cotangent, static, TOLERANCE["bfloat16"], implementation="interpret"
   )
