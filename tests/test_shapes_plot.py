@@ -21,7 +21,7 @@ def test_docstring_examples(module):
 # -- sweeps -------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
-  assert shapes.sweep_names() == ["fit", "heldout", "llm", "odd", "tall_skinny_k", "training"]
+  assert shapes.sweep_names() == ["fit", "heldout", "llm", "models", "odd", "tall_skinny_k", "training"]
   for name in shapes.sweep_names():
     sweep = shapes.load_sweep(name)
     assert sweep and len(set(sweep)) == len(sweep)
@@ -115,7 +115,7 @@ def test_bad_shape_files_are_rejected(tmp_path, name, content, match):
 
 
 def test_unknown_sweeps_name_the_known_ones():
-  with pytest.raises(ValueError, match="llm, odd, tall_skinny_k, training"):
+  with pytest.raises(ValueError, match="llm, models, odd, tall_skinny_k, training"):
     shapes.load_sweep("nope")
 
 
