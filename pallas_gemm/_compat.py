@@ -200,11 +200,22 @@ def saved_residuals(f, *args) -> list:
 
 
 def varying_axes(x) -> frozenset:
-  """The manual mesh axes along which `x` varies inside `shard_map` (its type's
-  `manual_axis_type.varying` from 0.11, `vma` on 0.10)."""
-  aval = jax.typeof(x)
+  """The manual mesh axes along which `x` (an array or an aval) varies inside
+  `shard_map` (its type's `manual_axis_type.varying` from 0.11, `vma` on 0.10)."""
+  aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)
   return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def with_leading_dim(aval, size: int):
+  """`aval` with a new unsharded leading dim of `size` (a vmapped value's type).
+
+  >>> with_leading_dim(jax.core.ShapedArray((2, 4), jax.numpy.float32), 3).shape
+  (3, 2, 4)
+  """
+  sharding = aval.sharding
+  spec = jax.sharding.PartitionSpec(None, *sharding.spec)
+  return aval.update(shape=(size, *aval.shape), sharding=sharding.update(spec=spec))
 
 
 def vary_like(x, axes: frozenset):

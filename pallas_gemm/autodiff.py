@@ -1,4 +1,5 @@
-"""`matmul`, differentiable in reverse mode: a `jax.custom_vjp` around the kernel.
+"""`matmul`, differentiable in every mode: a `jax.custom_jvp` around the kernel whose
+tangent map (`pallas_gemm.tangent_map`) reverse mode transposes with the backward below.
 
     y = clamp(act(alpha * op(a) @ op(b) + beta * c + bias + row_bias) + residual)
 
@@ -10,6 +11,10 @@ affine part `pre = alpha * op(a) @ op(b) + beta * c + bias + row_bias` in
 `out_dtype` (`return_pre`: one more TMA store per tile, no elementwise pass),
 and `pre` is saved beside the inputs (plus `residual` when there is a clamp):
 the derivative of gelu or silu cannot be had from their output.
+
+Forward mode (`jax.jvp`, `jacfwd`): y' = d tail(pre') with pre' = alpha * (op(a') @
+op(b) + op(a) @ op(b')) + beta * c' + bias' + row_bias', the two GEMMs the same
+kernel (f32 out), the tail's derivative XLA's (`_GemmTangent.forward`).
 
 Backward (`g` = cotangent of y):
   dPre = g * act'(pre) * [lo < y < hi]
@@ -30,18 +35,16 @@ A shared 2-D operand's gradient folds the batch into the contraction where
 the layout allows (dB of an untransposed A) and otherwise sums an f32
 batched GEMM.
 
-Gradients nobody asked for are skipped (`symbolic_zeros=True`): frozen
-weights cost no dB GEMM, inputs no dA. jax refuses `optimize_remat=True`
-together with `symbolic_zeros` ("remat optimization for custom_vjp does not
-support symbolic zeros"); it is not needed here: the residuals are inputs,
-or `pre`, which the forward kernel writes beside y, so under `jax.checkpoint` the
-backward recomputes `pre` and nothing else (tests/test_autodiff.py counts
-the kernels).
+Gradients nobody asked for are skipped (`symbolic_zeros=True`: only the perturbed
+operands enter the tangent map): frozen weights cost no dB GEMM, inputs no dA. The
+residuals are inputs, or `pre`, which the forward kernel writes beside y, so
+under `jax.checkpoint` the backward recomputes `pre` and nothing else
+(tests/test_autodiff.py counts the kernels).
 
-Not differentiable: fp8 operands or outputs (raises NotImplementedError;
-fp8 training needs scaled e5m2 gradients), and forward mode (`jax.jvp`,
-`jacfwd`): jax raises "can't apply forward-mode autodiff (jvp) to a
-custom_vjp function".
+Higher orders (a gradient of a gradient, `jax.hessian`): the backward's GEMMs
+and the forward's are `_matmul` again, and the fused dPre pass has XLA's
+derivative (`_dpre_jvp`). Not differentiable: fp8 operands or outputs (raises
+NotImplementedError; fp8 training needs scaled e5m2 gradients).
 
 >>> import jax, jax.numpy as jnp
 >>> a = jnp.ones((4, 3), jnp.bfloat16); b = jnp.ones((3, 2), jnp.bfloat16)
@@ -66,6 +69,7 @@ from pallas_gemm import batching
 from pallas_gemm import dpre
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
+from pallas_gemm import tangent_map
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.gemm import IMPLEMENTATIONS, check_flags, check_real
@@ -94,13 +98,11 @@ def matmul(
 ):
   """`pallas_gemm.gemm.gemm` (the kernel entry; same arguments, same result), differentiable.
 
-  Adds reverse-mode gradients for a, b, bias, c, row_bias, residual and scalar (see
-  the module doc), vmap onto the kernel's batch dimension (`batching`), and
-  operands sharded over Explicit mesh axes (`sharding`). With
-  `implementation="xla"` (the default off Hopper) and the output in the operands' dtype
-  it is XLA's ops throughout, so forward mode and higher orders (`jax.jvp`, `jax.jacfwd`,
-  `jax.hessian`) work as for `lax.dot_general`; the kernel (and an f32 output of 16-bit
-  operands) has reverse mode only: forward mode raises jax's custom_vjp error.
+  Adds derivatives in a, b, bias, c, row_bias, residual and scalar, in every mode
+  (`jax.grad`, `jax.jvp`, `jax.jacfwd`, `jax.hessian`; see the module doc), vmap onto
+  the kernel's batch dimension (`batching`), and operands sharded over Explicit mesh
+  axes (`sharding`). With `implementation="xla"` (the default off Hopper) and the
+  output in the operands' dtype it is XLA's ops throughout, as `lax.dot_general`.
 
   >>> import jax.numpy as jnp
   >>> a = jnp.ones((2, 3), jnp.bfloat16); b = jnp.ones((2, 4), jnp.bfloat16)
@@ -148,16 +150,20 @@ def matmul(
     # XLA's ops all the way: every transformation jax has (jvp, jacfwd, grad of grad,
     # hessian, vmap) applies as it does to `lax.dot_general`. Not for a wider output than
     # the operands: jax's own backward would then multiply in the output's precision,
-    # where the custom_vjp keeps the operands' (16-bit GEMMs accumulating in f32).
+    # where the tangent map keeps the operands' (16-bit GEMMs accumulating in f32).
     return batching.run(call, *operands)
   return _matmul(call, *operands)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _matmul(call, a, b, bias, c, row_bias, residual, scalar):
   return sharding.gemm(
       call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar
   )
+
+
+OPERANDS = ("a", "b", "bias", "c", "row_bias", "residual", "scalar")
+"""`_matmul`'s differentiable operands, in order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +181,6 @@ class _Grad:
     return cls(x.shape, x.dtype.name, sharding.explicit_spec(x), _compat.varying_axes(x))
 
 
-@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class _Wanted:
   """The gradients the backward computes (None: not requested), and the operand dtype."""
@@ -189,24 +194,54 @@ class _Wanted:
   scalar: _Grad | None
   operand_dtype: str
 
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The operands whose gradients (tangents) are wanted, in `OPERANDS` order."""
+    return tuple(name for name in OPERANDS if getattr(self, name) is not None)
 
-def _fwd(call, *primals):
-  grads = (_Grad.of(x.value) if x is not None and x.perturbed else None for x in primals)
-  a, b, bias, c, row_bias, residual, scalar = (None if x is None else x.value for x in primals)
+  def only(self, names) -> _Wanted:
+    """These wants, less the operands outside `names`."""
+    return dataclasses.replace(self, **{n: None for n in self.names if n not in names})
+
+
+def _jvp(call, primals, tangents):
+  a = primals[0]
+  wanted = _Wanted(
+      *(
+          None if t is None or isinstance(t, SymbolicZero) else _Grad.of(x)
+          for x, t in zip(primals, tangents)
+      ),
+      operand_dtype=a.dtype.name,
+  )
+  out, saved = _forward(call, wanted, *primals)
+  outs = out if call.return_pre else (out,)
+  rule = _GemmTangent(call, wanted, tuple(x is not None for x in saved), outs[0].shape)
+  given = [t for t, name in zip(tangents, OPERANDS) if name in wanted.names]
+  residuals = [x for x in saved if x is not None]
+  out_dots = tangent_map.apply(rule, residuals, given, [jax.typeof(x) for x in outs])
+  return out, tuple(out_dots) if call.return_pre else out_dots[0]
+
+
+_matmul.defjvp(_jvp, symbolic_zeros=True)
+
+
+def _forward(call, wanted, a, b, bias, c, row_bias, residual, scalar):
+  """`_matmul`'s output (y, or (y, pre) for `call.return_pre`) and what the tangent
+  map reads: (a, b, pre, residual, bias, row_bias, scalar), each None unless a wanted
+  tangent needs it. The GEMM is `_matmul`'s own, so that a jvp rule running under
+  another differentiation (a gradient of a gradient) is differentiated in turn."""
   if {a.dtype.name, b.dtype.name, call.out_dtype}.intersection(FP8_DTYPES):
     raise NotImplementedError(
         f"pallas_gemm.matmul is not differentiable with fp8 operands or outputs "
         f"({a.dtype} x {b.dtype} -> {call.out_dtype}): fp8 training needs scaled e5m2 "
         f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM"
     )
-  wanted = _Wanted(*grads, operand_dtype=a.dtype.name)
-  extras = dict(bias=bias, c=c, row_bias=row_bias, scalar=scalar)
   if call.nonlinear:
-    y, pre = sharding.gemm(
-        dataclasses.replace(call, return_pre=True), a, b, residual=residual, **extras
+    y, pre = _matmul(
+        dataclasses.replace(call, return_pre=True), a, b, bias, c, row_bias, residual, scalar
     )
   else:
-    pre, y = None, sharding.gemm(call, a, b, residual=residual, **extras)
+    pre, y = None, _matmul(call, a, b, bias, c, row_bias, residual, scalar)
   routed = epilogue_lib.routed_operands(call.activation)  # a user's epilogue takes these
   saved = (
       a if wanted.b else None,
@@ -217,22 +252,83 @@ def _fwd(call, *primals):
       row_bias if "row_bias" in routed else None,
       scalar,  # only a user's epilogue takes it
   )
-  return y, (*saved, wanted)
+  return ((y, pre) if call.return_pre else y), saved
 
 
-def _bwd(call, saved, g):
+@dataclasses.dataclass(frozen=True)
+class _GemmTangent:
+  """`_matmul`'s tangent map (a `tangent_map.TangentRule`): y' (and pre' for
+  `call.return_pre`) from the wanted operands' tangents, forward; their cotangents
+  from the outputs', backward (`_bwd`)."""
+
+  call: GemmCall
+  wanted: _Wanted
+  saved: tuple[bool, ...]
+  """Which of `_forward`'s (a, b, pre, residual, bias, row_bias, scalar) are residuals."""
+  out_shape: tuple[int, ...]
+
+  def _unpack(self, residuals):
+    given = iter(residuals)
+    return [next(given) if kept else None for kept in self.saved]
+
+  def forward(self, residuals, tangents):
+    """y' = d tail(pre', residual', ...), pre' = alpha * (op(a') @ op(b) + op(a) @ op(b'))
+    + beta * c' + bias' + row_bias': the GEMMs are `_matmul`'s own (kernels, and
+    differentiable again for higher orders), the rest XLA's."""
+    call = self.call
+    a, b, pre, residual, bias, row_bias, scalar = self._unpack(residuals)
+    dot = dict(zip(self.wanted.names, tangents))
+    routed = epilogue_lib.routed_operands(call.activation)
+    product = lambda x, y: _matmul(call.product(), x, y, None, None, None, None, None)
+    f32 = lambda x: x.astype(jnp.float32)
+    terms = [
+        "a" in dot and product(dot["a"], b),
+        "b" in dot and product(a, dot["b"]),
+        "c" in dot and call.beta * f32(dot["c"]),
+        "bias" in dot and "bias" not in routed and f32(dot["bias"]),
+        "row_bias" in dot and "row_bias" not in routed and f32(dot["row_bias"])[:, None],
+    ]
+    pre_dot = jnp.zeros(self.out_shape, jnp.float32)
+    for term in terms:
+      if term is not False:
+        pre_dot = pre_dot + term
+    if pre is None:  # affine: y' = pre' + residual'
+      y_dot = pre_dot + f32(dot["residual"]) if "residual" in dot else pre_dot
+      return [y_dot.astype(call.out_dtype)]
+    else:
+      primal = (f32(pre), residual, bias, row_bias, scalar)
+      tangent = (pre_dot,) + tuple(
+          None if x is None else dot.get(name, jnp.zeros_like(x))
+          for name, x in zip(("residual", "bias", "row_bias", "scalar"), primal[1:])
+      )
+      _, y_dot = jax.jvp(functools.partial(_tail, call), primal, tangent)
+      if "residual" in dot and residual is None:  # added after the epilogue's tail
+        y_dot = y_dot + f32(dot["residual"])
+    outs = [y_dot, pre_dot] if call.return_pre else [y_dot]
+    return [x.astype(call.out_dtype) for x in outs]
+
+  def backward(self, residuals, cts, wanted):
+    asked = [name for name, want in zip(self.wanted.names, wanted) if want]
+    saved = (*self._unpack(residuals), self.wanted.only(asked))
+    grads = dict(zip(OPERANDS, _bwd(self.call, saved, *cts)))
+    return [grads[name] if want else None for name, want in zip(self.wanted.names, wanted)]
+
+
+def _bwd(call, saved, g, g_pre=None):
+  """The wanted operands' cotangents from y's, `g` (and pre's, `g_pre`, for
+  `call.return_pre`: a gradient of a gradient differentiates the forward's pre)."""
   a, b, pre, residual, bias, row_bias, scalar, wanted = saved
-  if isinstance(g, SymbolicZero):
-    return (None,) * 7
   d_residual, bias_grad, row_bias_grad, scalar_grad = g, None, None, None
   if pre is None:
     d_affine = g
-  elif _fuses_dpre(call, pre, g, wanted):
+  elif g_pre is None and _fuses_dpre(call, pre, g, wanted):
     d_affine, bias_grad = fused_dpre(call, pre, g)
   else:
     _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual, bias, row_bias, scalar)
     d_affine, d_residual, bias_grad, row_bias_grad, scalar_grad = tail_vjp(g.astype(jnp.float32))
     d_residual = g if residual is None else d_residual
+  if g_pre is not None:
+    d_affine = d_affine + g_pre.astype(jnp.float32)
   # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
   # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
   d_acc = d_affine.astype(wanted.operand_dtype)
@@ -250,9 +346,6 @@ def _bwd(call, saved, g):
       wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
       wanted.scalar and _cast(scalar_grad, wanted.scalar),
   )
-
-
-_matmul.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
 def _tail(call, pre, residual, bias, row_bias, scalar):
@@ -291,13 +384,14 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
       autotune=call.autotune,
   )
   batch = x.shape[:-2] or y.shape[:-2]
+  gemm = lambda call, x, y: _matmul(call, x, y, None, None, None, None, None)
   if batch == grad.shape[:-2]:
-    out = sharding.gemm(linear, x, y)
+    out = gemm(linear, x, y)
   elif transpose_x and not transpose_y:
     # The contracting dim is second-minor in both: the batch folds into it.
-    out = sharding.gemm(linear, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
+    out = gemm(linear, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
   else:
-    out = _sum_leading(sharding.gemm(linear.product(), x, y), grad)
+    out = _sum_leading(gemm(linear.product(), x, y), grad)
   return _cast(out, grad)
 
 
@@ -324,15 +418,31 @@ def fuses_dpre(call, pre, g, operand_dtype) -> bool:
 
 def fused_dpre(call, pre, g):
   """(d_acc, bias gradient) from `dpre.dpre_and_column_sums` (NOTES exp. 34)."""
-  interpret = call.implementation == "interpret"
+  return _dpre_kernel(call.activation, call.implementation == "interpret", pre, g)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _dpre_kernel(activation, interpret, pre, g):
   d_acc, sums = dpre.dpre_and_column_sums(
       pre.reshape(-1, pre.shape[-1]),
       g.reshape(-1, g.shape[-1]),
-      slope=epilogue_lib.ACTIVATION_SLOPES[call.activation],
+      slope=epilogue_lib.ACTIVATION_SLOPES[activation],
       num_sms=dpre.INTERPRET_SMS if interpret else None,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
   )
   return d_acc.reshape(pre.shape), jnp.sum(sums, axis=0)
+
+
+@_dpre_kernel.defjvp
+def _dpre_jvp(activation, interpret, primals, tangents):
+  """Second derivatives (a gradient of the gradient): XLA's, of what the kernel computes."""
+  del interpret
+
+  def reference(pre, g):
+    d = g.astype(jnp.float32) * epilogue_lib.ACTIVATION_SLOPES[activation](pre.astype(jnp.float32))
+    return d.astype(pre.dtype), jnp.sum(d.reshape(-1, d.shape[-1]), axis=0)
+
+  return jax.jvp(reference, primals, tangents)
 
 
 def column_sums(call, x):
@@ -351,7 +461,7 @@ def column_sums(call, x):
     return jnp.sum(rows, axis=0, dtype=jnp.float32)
   ones = jnp.ones((1, rows.shape[0]), x.dtype)
   linear = GemmCall(out_dtype="float32", implementation=call.implementation, autotune=call.autotune)
-  return sharding.gemm(linear, ones, rows)[0]
+  return _matmul(linear, ones, rows, None, None, None, None, None)[0]
 
 
 def _sum_leading(x, grad):

@@ -1,6 +1,6 @@
 """The GEMM entry under `pallas_gemm.matmul`: `gemm` = act(alpha * op(a) @ op(b) + beta * c + bias)
 (+ extras), with argument checks, routing, TMA padding and the launch; not differentiable
-(`pallas_gemm.autodiff.matmul`, exported as `pallas_gemm.matmul`, wraps it in a `custom_vjp`).
+(`pallas_gemm.autodiff.matmul`, exported as `pallas_gemm.matmul`, wraps it in a `custom_jvp`).
 
 >>> import jax.numpy as jnp
 >>> a = jnp.ones((4, 3), jnp.bfloat16); b = jnp.ones((3, 2), jnp.bfloat16)

@@ -189,7 +189,9 @@ def test_a_user_epilogue_lowers_into_the_kernel_forward_and_backward(act):
 SOFTCAP = epilogue.with_operands(lambda pre, cap: cap * jnp.tanh(pre / cap), "scalar")
 
 
-@pytest.mark.parametrize("implementation", ["xla", "interpret"])
+@pytest.mark.parametrize(
+    "implementation", ["xla", pytest.param("interpret", marks=pytest.mark.slow)]
+)
 def test_a_runtime_scalar_under_vmap_is_per_example(implementation):
   # Batched scalars leave the kernel a plain product and run the epilogue in XLA.
   rng = np.random.default_rng(21)

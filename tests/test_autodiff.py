@@ -484,10 +484,96 @@ def test_forward_mode_and_higher_orders_on_the_xla_path_match_lax():
   np.testing.assert_allclose(grad_of_grad(ours), grad_of_grad(ref), rtol=1e-4, atol=1e-5)
 
 
-def test_forward_mode_through_the_kernel_is_refused_by_name():
-  x, w, _ = _mlp_args()
-  with pytest.raises(TypeError, match="forward-mode"):
-    jax.jvp(lambda x: matmul(x, w, implementation="interpret"), (x,), (x,))
+needs_the_011_interpreter = pytest.mark.skipif(
+    _compat.JAX_VERSION < (0, 11, 0),
+    reason=f"jax {jax.__version__}'s GPU interpreter hung in a full run of the forward-mode "
+    "tests (the tangent's two GEMMs are independent kernels, interpreted at once; each case "
+    "passes alone); 0.11's does not hang",
+)
+
+
+def _tangents(args, seed):
+  """A fresh random tangent for every operand given (the scalar's too)."""
+  rng = _rng("tangents", seed)
+  return {k: None if x is None else _normal(rng, jnp.shape(x), x.dtype) for k, x in args.items()}
+
+
+def _jvp_errors(args, static, seed, **kw):
+  """Relative errors of matmul's output and its tangent (every operand perturbed) against
+  jax.jvp of the float64 reference."""
+  tangents = _tangents(args, seed)
+  names = [k for k, x in args.items() if x is not None]
+  ours = lambda *xs: matmul(**dict(args, **dict(zip(names, xs))), **static, **kw)
+  y, y_dot = jax.block_until_ready(
+      jax.jvp(
+          ours,
+          [args[k] for k in names],
+          [tangents[k] for k in names],
+      )
+  )
+  with jax.enable_x64(True):
+    as64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
+    args64 = {k: None if x is None else as64(x) for k, x in args.items()}
+    reference = lambda *xs: _reference(**dict(args64, **dict(zip(names, xs))), **static)
+    y_ref, y_dot_ref = jax.jvp(
+        reference, [args64[k] for k in names], [as64(tangents[k]) for k in names]
+    )
+  assert y_dot.dtype == y.dtype and y_dot.shape == y.shape
+  return _rel_err(y, y_ref), _rel_err(y_dot, y_dot_ref)
+
+
+@pytest.mark.parametrize(
+    "layout,epilogue,batch_a",
+    [
+        ("NN", "everything", ()),
+        pytest.param("TN", "alpha_beta_c", (), marks=needs_transposed_interpret),
+        ("NN", "row_bias_residual", (2,)),
+        ("NN", "capped_gate", ()),
+    ],
+)
+@needs_the_011_interpreter
+def test_forward_mode_through_the_kernel_matches_float64(layout, epilogue, batch_a):
+  """jax.jvp through the kernel (issue 20): the tangent is the kernel's own GEMMs,
+  op(a') @ op(b) + op(a) @ op(b'), and XLA's derivative of the epilogue's tail."""
+  if epilogue in USER_EPILOGUES:
+    args, _, static = _user_epilogue_problem(layout, "bfloat16", epilogue, "jvp")
+  else:
+    args, _, static = _problem(
+        layout, "bfloat16", batch_a=batch_a, seed="jvp", **EPILOGUES[epilogue]
+    )
+  errors = _jvp_errors(args, static, (layout, epilogue), implementation="interpret")
+  assert max(errors) < TOLERANCE["bfloat16"], errors
+
+
+@needs_the_011_interpreter
+def test_forward_mode_under_vmap_with_a_frozen_weight():
+  args, _, static = _problem("NN", "bfloat16", bias=True, activation="silu", seed="jvp vmap")
+  w, bias = args["b"], args["bias"]
+  xs = jnp.stack([args["a"], 2.0 * args["a"]])
+  tangent = _normal(_rng("jvp vmap tangent"), xs.shape, xs.dtype)
+  layer = lambda impl: lambda x: matmul(x, w, bias=bias, implementation=impl, **static)
+
+  def per_example(impl):  # vmap of jvp: the tangent map is batched
+    return jax.vmap(lambda x, t: jax.jvp(layer(impl), (x,), (t,))[1])(xs, tangent)
+
+  def of_the_batch(impl):  # jvp of vmap: the kernel's batch
+    return jax.jvp(jax.vmap(layer(impl)), (xs,), (tangent,))[1]
+
+  for fn in (per_example, of_the_batch):
+    assert _rel_err(fn("interpret"), fn("xla")) < TOLERANCE["bfloat16"], fn.__name__
+
+
+@needs_transposed_interpret
+def test_higher_orders_through_the_kernel_match_xla():
+  """jacfwd, hessian and a gradient of a gradient through the kernel (issue 20), against
+  the same program on the XLA path (itself checked against lax above)."""
+  args, _, static = _problem("NN", "float32", bias=True, activation="gelu_tanh", seed="hessian")
+  a, b, bias = args["a"][:4, :8], args["b"][:8, :4], args["bias"][:4]
+  loss = lambda impl: lambda a: jnp.sum(matmul(a, b, bias=bias, implementation=impl, **static) ** 2)
+  grad_of_grad = lambda f: jax.grad(lambda a: jnp.sum(jax.grad(f)(a) ** 2))(a)
+  for transform in (jax.jacfwd, jax.hessian):
+    assert _rel_err(transform(loss("interpret"))(a), transform(loss("xla"))(a)) < 1e-4
+  assert _rel_err(grad_of_grad(loss("interpret")), grad_of_grad(loss("xla"))) < 1e-4
 
 
 def test_c_is_ignored_when_beta_is_zero_and_required_otherwise():
@@ -650,6 +736,7 @@ def _runs_fused_pass(args, cotangent, static, **kw):
   )
 
 
+@pytest.mark.slow
 @needs_transposed_interpret
 def test_interpret_fused_backward_matches_float64_reference():
   args, cotangent, static = _fused_problem("NN", 200, 72, 256, "interpret")
@@ -673,3 +760,21 @@ def test_gpu_gradients_match_float64_reference(layout):
   args, cotangent, static = _fused_problem(layout, 1000, 520, 1024, "gpu")
   assert _runs_fused_pass(args, cotangent, static, implementation="pallas")
   _check_against_reference(args, cotangent, static, TOLERANCE["bfloat16"], implementation="pallas")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NN", "TN"])
+def test_gpu_forward_mode_and_hessian_vector_products_match_float64(layout):
+  """jax.jvp through the real kernels at an odd shape (issue 20), and a Hessian-vector
+  product (forward over reverse: the backward's kernels differentiated) against XLA's."""
+  args, _, static = _fused_problem(layout, 1000, 520, 1024, "gpu jvp")
+  errors = _jvp_errors(args, static, ("gpu", layout), implementation="pallas")
+  assert max(errors) < TOLERANCE["bfloat16"], errors
+  a, b, bias = (args[k].astype(jnp.float32) for k in ("a", "b", "bias"))
+  v = _normal(_rng("hvp", layout), a.shape, jnp.float32)
+  hvp = lambda impl: jax.jvp(
+      jax.grad(lambda a: jnp.sum(matmul(a, b, bias=bias, implementation=impl, **static) ** 2)),
+      (a,),
+      (v,),
+  )[1]
+  assert _rel_err(hvp("pallas"), hvp("xla")) < 1e-2

@@ -389,6 +389,7 @@ def test_ragged_linear_tracks_the_exact_layer_within_fp8_error():
   assert float(jnp.abs(y[270:]).max()) == 0.0 and float(jnp.abs(d_x[270:]).max()) == 0.0
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_ragged_linear_kernels_match_the_xla_path_in_interpret_mode():
   x, w, sizes, g = _ragged_linear_case(200, 256, 136, [90, 110], seed=50)

@@ -14,8 +14,8 @@ from pallas_gemm.dot import dot_general, make_dot_general
 
 XLA = make_dot_general(implementation="xla")
 KERNEL = make_dot_general(implementation="pallas")
-"""The kernel's path (traced, not run, where a test looks for its custom_vjp): the XLA
-path is plain XLA ops, with no custom_vjp to find."""
+"""The kernel's path (traced, not run, where a test looks for its custom_jvp): the XLA
+path is plain XLA ops, with no custom_jvp to find."""
 
 # name: (lhs shape, rhs shape, dimension_numbers, kernel layout)
 ON_KERNEL = {
@@ -110,7 +110,7 @@ def test_kernel_cases_match_lax_and_take_no_transposed_copy(name):
   assert ours.shape == ref.shape and ours.dtype == ref.dtype
   assert _rel_err(ours, ref) < 1e-6
   traced = _primitives(lambda x, y: KERNEL(x, y, dn), lhs, rhs)
-  assert "custom_vjp_call" in traced
+  assert "custom_jvp_call" in traced
   pallas = make_dot_general(implementation="pallas")
   kernel = _primitives(lambda x, y: pallas(x, y, dn), lhs, rhs)
   assert kernel.count("mpmd_map") == 1 and "transpose" not in kernel
@@ -137,7 +137,7 @@ def test_other_cases_fall_back_to_lax(name):
   lhs_shape, rhs_shape, dn, dtypes, precision = TO_LAX[name]
   lhs, rhs = _operands(lhs_shape, rhs_shape, dtypes)
   f = lambda x, y: KERNEL(x, y, dn, precision=precision)
-  assert "custom_vjp_call" not in _primitives(f, lhs, rhs)
+  assert "custom_jvp_call" not in _primitives(f, lhs, rhs)
   np.testing.assert_array_equal(f(lhs, rhs), lax.dot_general(lhs, rhs, dn, precision=precision))
 
 
@@ -154,7 +154,7 @@ def test_other_cases_fall_back_to_lax(name):
 def test_precisions_the_kernel_honours(precision):
   lhs, rhs = _operands((8, 24), (24, 16))
   f = lambda x, y: KERNEL(x, y, (((1,), (0,)), ((), ())), precision=precision)
-  assert "custom_vjp_call" in _primitives(f, lhs, rhs)
+  assert "custom_jvp_call" in _primitives(f, lhs, rhs)
 
 
 @pytest.mark.parametrize("out_dtype", [None, "bfloat16", "float32"])

@@ -215,10 +215,13 @@ def test_example_trains_an_mlp(capsys):
         "xla",
         pytest.param(
             "interpret",
-            marks=pytest.mark.skipif(
-                not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
-                reason="the backward's GEMMs read transposed operands",
-            ),
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(
+                    not _compat.INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS,
+                    reason="the backward's GEMMs read transposed operands",
+                ),
+            ],
         ),
     ],
 )

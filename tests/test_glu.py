@@ -112,7 +112,7 @@ def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
 @pytest.mark.parametrize(
     "config,activation",
     [
-        (None, "silu"),  # the default, made gated-ready
+        pytest.param(None, "silu", marks=pytest.mark.slow),  # the default, made gated-ready
         (
             GemmConfig(tile_m=128, tile_n=128, tile_k=64, stages=2, epilogue_tile=(64, 32)),
             "silu",
@@ -128,6 +128,7 @@ def test_the_kernel_matches_float64_in_interpret_mode(config, activation):
   _check(_arrays((136,), 72, 136, jnp.dtype(jnp.bfloat16)), activation, "interpret", config)
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_without_biases_in_interpret_mode():
   # relu runs in the pingpong case above: each activation once through the kernels.
@@ -355,6 +356,7 @@ def test_gated_mlp_on_the_gpu_against_float64(fuse_backward):
   _check_mlp(args, "silu", "pallas", fuse_backward)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ["glu", "mlp"])
 def test_the_benchmark_runs_on_the_cpu(block, capsys):
   from benchmarks import glu as harness

@@ -15,6 +15,7 @@ DTYPES = ["bfloat16", "float16", "float32", "float8_e4m3fn"]
 
 
 # -- raster -----------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)  # each example runs jnp ops eagerly (~0.2 s)
 @given(
     m_tiles=st.integers(1, 40),

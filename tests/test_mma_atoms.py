@@ -284,6 +284,7 @@ def test_sm80_fragments_follow_ptx():
     check_fragment(atom.c_layout, m, ptx_c, 4, 32)
 
 
+@pytest.mark.slow
 def test_sm90_fragments_follow_ptx():
   seen = set()
   for atom in ALL:

@@ -430,6 +430,7 @@ def test_interpret_tgmm_boundaries():
   _check(np.asarray(out.astype(jnp.float32)).reshape(-1, q), np.asarray(ref).reshape(-1, q))
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_interpret_no_races():
   """Both kernels under the 0.11 interpreter's race detector (2-stage rings, 2 SMs)."""
@@ -511,6 +512,7 @@ def test_group_offset_is_refused_as_lax_refuses_it():
     ragged_dot(lhs, rhs, sizes, group_offset=jnp.zeros((1,), jnp.int32), implementation="xla")
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_interpret_group_sizes_near_int32_max():
   """A size of 2^31 - 1 after 100 rows: offsets are clipped before they are added, so

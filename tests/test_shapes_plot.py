@@ -21,7 +21,15 @@ def test_docstring_examples(module):
 # -- sweeps -------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
-  assert shapes.sweep_names() == ["fit", "heldout", "llm", "models", "odd", "tall_skinny_k", "training"]
+  assert shapes.sweep_names() == [
+      "fit",
+      "heldout",
+      "llm",
+      "models",
+      "odd",
+      "tall_skinny_k",
+      "training",
+  ]
   for name in shapes.sweep_names():
     sweep = shapes.load_sweep(name)
     assert sweep and len(set(sweep)) == len(sweep)

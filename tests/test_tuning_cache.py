@@ -258,6 +258,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_lose_nothing_and_never_tear_the_file(cache, tmp_path):
   writers, count = 3, 20
   go = str(tmp_path / "go")
