@@ -149,7 +149,7 @@ def _impl(*args, jaxpr, key):
 
 def _batch(args, dims, *, jaxpr, key):
   del key
-  in_axes = [None if d is batching.not_mapped else d for d in dims]
+  in_axes = list(dims)  # None: not batched
   outs = jax.vmap(jex_core.jaxpr_as_fun(jaxpr), in_axes=in_axes)(*args)
   return outs, [0] * len(outs)
 

@@ -753,6 +753,27 @@ def test_interpret_fused_backward_matches_float64_reference():
   )
 
 
+@needs_transposed_interpret
+def test_per_example_gradients_through_the_fused_pass_match_xla():
+  """vmap of grad: the fused dPre kernel runs batched (its launcher under vmap; it raised
+  an AttributeError before), per-example gradients of the shared weight and bias."""
+  args, cotangent, static = _fused_problem("NN", 64, 72, 128, "per example")
+  xs = jnp.stack([args["a"], -0.5 * args["a"]])
+
+  def grads(implementation, **kw):
+    loss = lambda a, b, bias: jnp.sum(
+        matmul(a, b, bias=bias, implementation=implementation, **kw, **static).astype(jnp.float32)
+        * cotangent
+    )
+    return jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, None, None))(
+        xs, args["b"], args["bias"]
+    )
+
+  assert _runs_fused_pass(args, cotangent, static, implementation="interpret")
+  for ours, ref in zip(grads("interpret", config=INTERPRET_CONFIG), grads("xla")):
+    assert ours.shape == ref.shape and _rel_err(ours, ref) < TOLERANCE["bfloat16"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_gradients_match_float64_reference(layout):
