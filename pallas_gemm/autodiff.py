@@ -295,15 +295,14 @@ class _GemmTangent:
     if pre is None:  # affine: y' = pre' + residual'
       y_dot = pre_dot + f32(dot["residual"]) if "residual" in dot else pre_dot
       return [y_dot.astype(call.out_dtype)]
-    else:
-      primal = (f32(pre), residual, bias, row_bias, scalar)
-      tangent = (pre_dot,) + tuple(
-          None if x is None else dot.get(name, jnp.zeros_like(x))
-          for name, x in zip(("residual", "bias", "row_bias", "scalar"), primal[1:])
-      )
-      _, y_dot = jax.jvp(functools.partial(_tail, call), primal, tangent)
-      if "residual" in dot and residual is None:  # added after the epilogue's tail
-        y_dot = y_dot + f32(dot["residual"])
+    primal = (f32(pre), residual, bias, row_bias, scalar)
+    tangent = (pre_dot,) + tuple(
+        None if x is None else dot[name] if name in dot else jnp.zeros_like(x)
+        for name, x in zip(("residual", "bias", "row_bias", "scalar"), primal[1:])
+    )
+    _, y_dot = jax.jvp(functools.partial(_tail, call), primal, tangent)
+    if "residual" in dot and residual is None:  # added after the epilogue's tail
+      y_dot = y_dot + f32(dot["residual"])
     outs = [y_dot, pre_dot] if call.return_pre else [y_dot]
     return [x.astype(call.out_dtype) for x in outs]
 
