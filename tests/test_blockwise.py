@@ -104,7 +104,15 @@ def test_matches_float64_of_the_dequantized_operands(implementation, b_block, dt
 
 
 @needs_transposes
-@pytest.mark.parametrize("depth,k", [(1, 600), (2, 600), (2, 520), (2, 100)])
+@pytest.mark.parametrize(
+    "depth,k",
+    [
+        pytest.param(1, 600, marks=pytest.mark.slow),
+        pytest.param(2, 600, marks=pytest.mark.slow),
+        (2, 520),
+        (2, 100),
+    ],
+)
 def test_promotion_depths_agree_in_interpret_mode(depth, k):
   # depth 2 with 5, 4 and 1 K blocks: pairs and a single step, pairs only, a single step
   xq, wq, xs, ws = _operands(130, 136, k, (128, 128), seed=6)
@@ -225,6 +233,7 @@ def _linear_grads(implementation, x, w, bias, g):
   return (y, *vjp(g))
 
 
+@pytest.mark.slow
 def test_fp8_linear_tracks_the_exact_layer_within_fp8_error():
   x = _normal((3, 70, 256), seed=7).astype(jnp.bfloat16)
   w = _normal((256, 200), 256**-0.5, seed=8)
@@ -373,6 +382,7 @@ def _ragged_linear_grads(implementation, x, w, sizes, g):
   return (y, *vjp(g))
 
 
+@pytest.mark.slow
 def test_ragged_linear_tracks_the_exact_layer_within_fp8_error():
   x, w, sizes, g = _ragged_linear_case(300, 256, 136, [70, 0, 200])  # 30 tail rows
   y, d_x, d_w = _ragged_linear_grads("xla", x, w, sizes, g)

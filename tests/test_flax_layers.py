@@ -146,6 +146,7 @@ def test_linear_on_one_input_vector():
     reason="the backward GEMMs are transposed problems, which the GPU "
     f"interpreter of jax {jax.__version__} cannot run",
 )
+@pytest.mark.slow
 def test_linear_trains_through_the_kernel_in_interpret_mode():
   ours = pflax.Linear(
       32,
@@ -271,6 +272,7 @@ def test_linen_dense_checks_its_activation_at_construction():
   assert layer.init(jax.random.key(0), jnp.ones((2, 8)))["params"]["kernel"].shape == (8, 4)
 
 
+@pytest.mark.slow
 def test_blockwise_fp8_linear_layer_tracks_nnx_linear():
   kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32)
   ours = pflax.BlockwiseFp8Linear(256, 136, implementation="xla", rngs=nnx.Rngs(0), **kw)

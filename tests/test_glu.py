@@ -113,9 +113,10 @@ def test_outputs_and_gradients_match_float64_on_xla(activation, dtype):
     "config,activation",
     [
         pytest.param(None, "silu", marks=pytest.mark.slow),  # the default, made gated-ready
-        (
+        pytest.param(
             GemmConfig(tile_m=128, tile_n=128, tile_k=64, stages=2, epilogue_tile=(64, 32)),
             "silu",
+            marks=pytest.mark.slow,
         ),
         (GemmConfig(tile_m=64, tile_n=256, tile_k=64, stages=4, schedule="pingpong"), "relu"),
     ],

@@ -24,6 +24,7 @@ def calibrations():
   return loaded
 
 
+@pytest.mark.slow
 def test_shipped_model_is_the_fit_of_the_shipped_calibrations(calibrations):
   params, steps = heuristics.fit(calibrations)
   assert steps == heuristics.STEP_S

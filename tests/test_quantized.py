@@ -89,8 +89,12 @@ def test_int8_kernel_lowers_for_cuda():
     "m,n,k,bits,group_size,symmetric,lead",
     [
         (5, 200, 512, 4, 128, True, ()),  # N not a multiple of 128 weight rows
-        (3, 136, 256, 8, -1, False, (2,)),  # per channel with zero points, batched x
-        (17, 128, 512, 4, 256, False, ()),  # two token tiles' worth of rows, zeros
+        pytest.param(  # per channel with zero points, batched x
+            3, 136, 256, 8, -1, False, (2,), marks=pytest.mark.slow
+        ),
+        pytest.param(  # two token tiles' worth of rows, zeros
+            17, 128, 512, 4, 256, False, (), marks=pytest.mark.slow
+        ),
     ],
 )
 def test_weight_only_interpret_matches_float64(m, n, k, bits, group_size, symmetric, lead):
@@ -100,6 +104,7 @@ def test_weight_only_interpret_matches_float64(m, n, k, bits, group_size, symmet
   assert _rel_err(y, ref) < BOUND
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_four_consumer_warpgroups_interpret_matches_float64():
   x, qw, bias, ref = _weight_only_case(10, 5, 512, 512, 4, 128, False)
@@ -325,6 +330,7 @@ def test_int8_on_the_gpu(shape):
 
 
 # -- Flax ------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_transposes
 def test_quantized_linear_matches_its_dense_layer():
   nnx = pytest.importorskip("flax.nnx")

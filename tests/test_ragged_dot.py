@@ -409,6 +409,7 @@ def test_interpret_gradient_matches_lax(transpose_rhs):
     _check(got, ref)
 
 
+@pytest.mark.slow
 @needs_transposes
 def test_interpret_tgmm_boundaries():
   """ragged_tgmm alone: groups starting and ending inside 64-row chunks, empty groups,

@@ -222,6 +222,7 @@ def test_interpret_split_k_with_bias_and_activation_at_an_odd_shape():
   _close(out, _gelu_tanh(_f64(a) @ _f64(b) + _f64(bias)), 8e-3)
 
 
+@pytest.mark.slow
 def test_interpret_split_k_batched_with_c_row_bias_and_residual():
   # batch 2 x 4 slices (K=700: 11 steps, 3 per slice), f32 output.
   rng = np.random.default_rng()
