@@ -200,9 +200,9 @@ def saved_residuals(f, *args) -> list:
 
 
 def varying_axes(x) -> frozenset:
-  """The manual mesh axes along which `x` (an array or an aval) varies inside
-  `shard_map` (its type's `manual_axis_type.varying` from 0.11, `vma` on 0.10)."""
-  aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
+  """The manual mesh axes along which `x` varies inside `shard_map` (its type's
+  `manual_axis_type.varying` from 0.11, `vma` on 0.10)."""
+  aval = jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)
   return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
