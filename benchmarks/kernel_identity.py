@@ -21,10 +21,20 @@ import jax.numpy as jnp
 
 import pallas_gemm
 from pallas_gemm import GemmConfig, matmul
+from pallas_gemm.epilogue import with_operands
 
 
 def _bf16(*shape):
   return jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+
+
+def _f32(*shape):
+  return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+_USER_EPILOGUE = with_operands(
+    lambda pre, r, bias, s: pre * s + r * bias, "residual", "bias", "scalar"
+)
 
 
 def _blockwise(config=None):
@@ -63,6 +73,40 @@ def variants():
               x, g, u, activation="silu", implementation="pallas"
           ),
           [_bf16(512, 256), _bf16(256, 512), _bf16(256, 512)],
+      ),
+      "row bias residual clamp": (
+          lambda a, b, r, rb: matmul(
+              a, b, residual=r, row_bias=rb, clamp=(-1.0, 1.0), implementation="pallas"
+          ),
+          [_bf16(512, 256), _bf16(256, 512), _bf16(512, 512), _f32(512)],
+      ),
+      "c beta, batch folded": (
+          lambda a, b, c, rb: matmul(a, b, c=c, beta=0.5, row_bias=rb, implementation="pallas"),
+          [_bf16(2, 256, 256), _bf16(256, 512), _bf16(2, 256, 512), _f32(256)],
+      ),
+      "user epilogue operands": (
+          lambda a, b, r, bias, s: matmul(
+              a,
+              b,
+              residual=r,
+              bias=bias,
+              scalar=s,
+              activation=_USER_EPILOGUE,
+              implementation="pallas",
+          ),
+          [_bf16(512, 256), _bf16(256, 512), _bf16(512, 512), bias, _f32()],
+      ),
+      "fp8 row/col scales amax": (
+          lambda a, b, sa, sb: pallas_gemm.scaled_matmul(
+              a.astype(jnp.float8_e4m3fn),
+              b.astype(jnp.float8_e4m3fn),
+              sa,
+              sb,
+              out_dtype=jnp.float8_e4m3fn,
+              return_amax=True,
+              implementation="pallas",
+          ),
+          [_bf16(512, 256), _bf16(512, 256), _f32(512), _f32(512)],
       ),
       "blockwise fp8": (_blockwise(), [_bf16(512, 512), _bf16(512, 512)]),
       "blockwise fp8 pingpong": (

@@ -73,6 +73,7 @@ from pallas_gemm import tangent_map
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.gemm import IMPLEMENTATIONS, check_flags, check_real
+from pallas_gemm.operands import COLUMN, OPERANDS as EPILOGUE_OPERANDS, PUBLIC, TILE
 
 
 def matmul(
@@ -123,9 +124,8 @@ def matmul(
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   a, b = jnp.asarray(a), jnp.asarray(b)
-  bias, c, row_bias, residual, scalar = (
-      None if x is None else jnp.asarray(x) for x in (bias, c, row_bias, residual, scalar)
-  )
+  given = dict(bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar)
+  given = {name: None if x is None else jnp.asarray(x) for name, x in given.items()}
   if out_dtype is None:
     out_dtype = jnp.bfloat16 if a.dtype.name in FP8_DTYPES else a.dtype
   call = GemmCall(
@@ -141,7 +141,7 @@ def matmul(
       clamp=tuple(clamp) if isinstance(clamp, list) else clamp,
       autotune=autotune,
   )
-  operands = (a, b, bias, c, row_bias, residual, scalar)
+  operands = (a, b, *(given[name] for name in PUBLIC))
   if (
       implementation == "xla"
       and call.out_dtype == a.dtype.name == b.dtype.name not in FP8_DTYPES
@@ -156,14 +156,22 @@ def matmul(
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _matmul(call, a, b, bias, c, row_bias, residual, scalar):
-  return sharding.gemm(
-      call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar
-  )
+def _matmul(call, a, b, *operands):
+  return sharding.gemm(call, a, b, **dict(zip(PUBLIC, operands)))
 
 
-OPERANDS = ("a", "b", "bias", "c", "row_bias", "residual", "scalar")
-"""`_matmul`'s differentiable operands, in order."""
+OPERANDS = ("a", "b", *PUBLIC)
+"""`_matmul`'s differentiable operands, in order: a, b, then the epilogue's
+(`operands.PUBLIC`)."""
+
+TAIL = tuple(name for name in PUBLIC if EPILOGUE_OPERANDS[name].routable)
+"""The operands the epilogue's tail (after `pre`) may read: those a user's epilogue can
+take, and the residual."""
+
+
+def _linear(call, x, y):
+  """`_matmul` of `call` without epilogue operands."""
+  return _matmul(call, x, y, *(None,) * len(PUBLIC))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,29 +193,36 @@ class _Grad:
 class _Wanted:
   """The gradients the backward computes (None: not requested), and the operand dtype."""
 
-  a: _Grad | None
-  b: _Grad | None
-  bias: _Grad | None
-  c: _Grad | None
-  row_bias: _Grad | None
-  residual: _Grad | None
-  scalar: _Grad | None
+  grads: tuple[_Grad | None, ...]
+  """Per operand of `OPERANDS`, in order."""
   operand_dtype: str
+
+  def __getitem__(self, name) -> _Grad | None:
+    return self.grads[OPERANDS.index(name)]
+
+  @property
+  def a(self) -> _Grad | None:
+    return self["a"]
+
+  @property
+  def b(self) -> _Grad | None:
+    return self["b"]
 
   @property
   def names(self) -> tuple[str, ...]:
     """The operands whose gradients (tangents) are wanted, in `OPERANDS` order."""
-    return tuple(name for name in OPERANDS if getattr(self, name) is not None)
+    return tuple(name for name in OPERANDS if self[name] is not None)
 
   def only(self, names) -> _Wanted:
     """These wants, less the operands outside `names`."""
-    return dataclasses.replace(self, **{n: None for n in self.names if n not in names})
+    grads = tuple(g if n in names else None for n, g in zip(OPERANDS, self.grads))
+    return dataclasses.replace(self, grads=grads)
 
 
 def _jvp(call, primals, tangents):
   a = primals[0]
   wanted = _Wanted(
-      *(
+      tuple(
           None if t is None or isinstance(t, SymbolicZero) else _Grad.of(x)
           for x, t in zip(primals, tangents)
       ),
@@ -225,11 +240,11 @@ def _jvp(call, primals, tangents):
 _matmul.defjvp(_jvp, symbolic_zeros=True)
 
 
-def _forward(call, wanted, a, b, bias, c, row_bias, residual, scalar):
+def _forward(call, wanted, a, b, *operands):
   """`_matmul`'s output (y, or (y, pre) for `call.return_pre`) and what the tangent
-  map reads: (a, b, pre, residual, bias, row_bias, scalar), each None unless a wanted
-  tangent needs it. The GEMM is `_matmul`'s own, so that a jvp rule running under
-  another differentiation (a gradient of a gradient) is differentiated in turn."""
+  map reads: (a, b, pre, then the `TAIL` operands), each None unless a wanted tangent
+  needs it. The GEMM is `_matmul`'s own, so that a jvp rule running under another
+  differentiation (a gradient of a gradient) is differentiated in turn."""
   if {a.dtype.name, b.dtype.name, call.out_dtype}.intersection(FP8_DTYPES):
     raise NotImplementedError(
         f"pallas_gemm.matmul is not differentiable with fp8 operands or outputs "
@@ -237,22 +252,21 @@ def _forward(call, wanted, a, b, bias, c, row_bias, residual, scalar):
         f"gradients; differentiate a bf16 model, or stop_gradient the fp8 GEMM"
     )
   if call.nonlinear:
-    y, pre = _matmul(
-        dataclasses.replace(call, return_pre=True), a, b, bias, c, row_bias, residual, scalar
-    )
+    y, pre = _matmul(dataclasses.replace(call, return_pre=True), a, b, *operands)
   else:
-    pre, y = None, _matmul(call, a, b, bias, c, row_bias, residual, scalar)
-  routed = epilogue_lib.routed_operands(call.activation)  # a user's epilogue takes these
-  saved = (
-      a if wanted.b else None,
-      b if wanted.a else None,
-      pre,
-      residual if call.clamp is not None or "residual" in routed else None,
-      bias if "bias" in routed else None,
-      row_bias if "row_bias" in routed else None,
-      scalar,  # only a user's epilogue takes it
+    pre, y = None, _matmul(call, a, b, *operands)
+  given = dict(zip(PUBLIC, operands))
+  saved = (a if wanted.b else None, b if wanted.a else None, pre) + tuple(
+      given[name] if _in_tail(call, name) else None for name in TAIL
   )
   return ((y, pre) if call.return_pre else y), saved
+
+
+def _in_tail(call, name) -> bool:
+  """Whether the tail (after `pre`) reads operand `name`: a user's epilogue takes it, or
+  it is the residual under a clamp."""
+  routed = epilogue_lib.routed_operands(call.activation)
+  return name in routed or (name == "residual" and call.clamp is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,97 +278,106 @@ class _GemmTangent:
   call: GemmCall
   wanted: _Wanted
   saved: tuple[bool, ...]
-  """Which of `_forward`'s (a, b, pre, residual, bias, row_bias, scalar) are residuals."""
+  """Which of `_forward`'s (a, b, pre, *TAIL) are residuals."""
   out_shape: tuple[int, ...]
 
   def _unpack(self, residuals):
     given = iter(residuals)
-    return [next(given) if kept else None for kept in self.saved]
+    a, b, pre, *tail = [next(given) if kept else None for kept in self.saved]
+    return a, b, pre, dict(zip(TAIL, tail))
 
   def forward(self, residuals, tangents):
-    """y' = d tail(pre', residual', ...), pre' = alpha * (op(a') @ op(b) + op(a) @ op(b'))
-    + beta * c' + bias' + row_bias': the GEMMs are `_matmul`'s own (kernels, and
-    differentiable again for higher orders), the rest XLA's."""
+    """y' = d tail(pre', tail operands'), pre' = alpha * (op(a') @ op(b) + op(a) @
+    op(b')) + beta * c' + the addends' tangents: the GEMMs are `_matmul`'s own (kernels,
+    and differentiable again for higher orders), the rest XLA's."""
     call = self.call
-    a, b, pre, residual, bias, row_bias, scalar = self._unpack(residuals)
+    a, b, pre, tail = self._unpack(residuals)
     dot = dict(zip(self.wanted.names, tangents))
-    routed = epilogue_lib.routed_operands(call.activation)
-    product = lambda x, y: _matmul(call.product(), x, y, None, None, None, None, None)
+    product = lambda x, y: _linear(call.product(), x, y)
     f32 = lambda x: x.astype(jnp.float32)
-    terms = [
-        "a" in dot and product(dot["a"], b),
-        "b" in dot and product(a, dot["b"]),
-        "c" in dot and call.beta * f32(dot["c"]),
-        "bias" in dot and "bias" not in routed and f32(dot["bias"]),
-        "row_bias" in dot and "row_bias" not in routed and f32(dot["row_bias"])[:, None],
-    ]
     pre_dot = jnp.zeros(self.out_shape, jnp.float32)
-    for term in terms:
-      if term is not False:
-        pre_dot = pre_dot + term
+    if "a" in dot:
+      pre_dot = pre_dot + product(dot["a"], b)
+    if "b" in dot:
+      pre_dot = pre_dot + product(a, dot["b"])
+    for name in PUBLIC:  # the addends' tangents enter pre' (unless the tail reads them)
+      operand = EPILOGUE_OPERANDS[name]
+      if name in dot and operand.role == "scaled addend":
+        pre_dot = pre_dot + call.beta * f32(dot[name])
+      elif name in dot and operand.role == "addend" and not _in_tail(call, name):
+        pre_dot = pre_dot + f32(operand.kind.broadcastable(dot[name]))
     if pre is None:  # affine: y' = pre' + residual'
       y_dot = pre_dot + f32(dot["residual"]) if "residual" in dot else pre_dot
       return [y_dot.astype(call.out_dtype)]
-    primal = (f32(pre), residual, bias, row_bias, scalar)
-    tangent = (pre_dot,) + tuple(
-        None if x is None else dot[name] if name in dot else jnp.zeros_like(x)
-        for name, x in zip(("residual", "bias", "row_bias", "scalar"), primal[1:])
-    )
-    _, y_dot = jax.jvp(functools.partial(_tail, call), primal, tangent)
-    if "residual" in dot and residual is None:  # added after the epilogue's tail
+    tail = {name: x for name, x in tail.items() if x is not None}
+    tail_dot = {name: dot[name] if name in dot else jnp.zeros_like(x) for name, x in tail.items()}
+    _, y_dot = jax.jvp(functools.partial(_tail, call), (f32(pre), tail), (pre_dot, tail_dot))
+    if "residual" in dot and "residual" not in tail:  # added after the epilogue's tail
       y_dot = y_dot + f32(dot["residual"])
     outs = [y_dot, pre_dot] if call.return_pre else [y_dot]
     return [x.astype(call.out_dtype) for x in outs]
 
   def backward(self, residuals, cts, wanted):
     asked = [name for name, want in zip(self.wanted.names, wanted) if want]
-    saved = (*self._unpack(residuals), self.wanted.only(asked))
-    grads = dict(zip(OPERANDS, _bwd(self.call, saved, *cts)))
+    grads = dict(
+        zip(OPERANDS, _bwd(self.call, self._unpack(residuals), self.wanted.only(asked), *cts))
+    )
     return [grads[name] if want else None for name, want in zip(self.wanted.names, wanted)]
 
 
-def _bwd(call, saved, g, g_pre=None):
-  """The wanted operands' cotangents from y's, `g` (and pre's, `g_pre`, for
-  `call.return_pre`: a gradient of a gradient differentiates the forward's pre)."""
-  a, b, pre, residual, bias, row_bias, scalar, wanted = saved
-  d_residual, bias_grad, row_bias_grad, scalar_grad = g, None, None, None
+def _bwd(call, saved, wanted, g, g_pre=None):
+  """The wanted operands' cotangents (in `OPERANDS` order, None where not wanted) from
+  y's, `g` (and pre's, `g_pre`, for `call.return_pre`: a gradient of a gradient
+  differentiates the forward's pre). Each epilogue operand's is its kind's reduction
+  (`Kind.cotangent`) of what it was added to, or the tail's vjp where the tail reads it."""
+  a, b, pre, tail = saved
+  tail = {name: x for name, x in tail.items() if x is not None}
+  grads = {}  # the epilogue operands' cotangents known before the GEMMs
   if pre is None:
     d_affine = g
   elif g_pre is None and _fuses_dpre(call, pre, g, wanted):
-    d_affine, bias_grad = fused_dpre(call, pre, g)
+    d_affine, grads["bias"] = fused_dpre(call, pre, g)
   else:
-    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, residual, bias, row_bias, scalar)
-    d_affine, d_residual, bias_grad, row_bias_grad, scalar_grad = tail_vjp(g.astype(jnp.float32))
-    d_residual = g if residual is None else d_residual
+    _, tail_vjp = jax.vjp(functools.partial(_tail, call), pre, tail)
+    d_affine, grads = tail_vjp(g.astype(jnp.float32))
+    grads = dict(grads)
+  if "residual" not in tail:  # added after the tail: its cotangent is y's
+    grads["residual"] = g
   if g_pre is not None:
     d_affine = d_affine + g_pre.astype(jnp.float32)
   # Everything below reads dPre in the operand dtype (the reductions accumulate in f32),
   # so the f32 dPre never has to exist in memory: one elementwise pass writes d_acc.
   d_acc = d_affine.astype(wanted.operand_dtype)
-  if wanted.bias and bias_grad is None:
-    bias_grad = column_sums(call, d_acc)
-  rows = tuple(range(d_acc.ndim - 2))
-  if wanted.row_bias and row_bias_grad is None:
-    row_bias_grad = jnp.sum(d_acc, axis=(*rows, -1), dtype=jnp.float32)
-  return (
+  result = [
       wanted.a and _grad_a(call, d_acc, b, wanted.a),
       wanted.b and _grad_b(call, d_acc, a, wanted.b),
-      wanted.bias and _cast(bias_grad, wanted.bias),
-      wanted.c and _cast(call.beta * _sum_leading(d_acc, wanted.c), wanted.c),
-      wanted.row_bias and _cast(row_bias_grad, wanted.row_bias),
-      wanted.residual and _cast(_sum_leading(d_residual, wanted.residual), wanted.residual),
-      wanted.scalar and _cast(scalar_grad, wanted.scalar),
-  )
+  ]
+  for name in PUBLIC:
+    want, operand = wanted[name], EPILOGUE_OPERANDS[name]
+    if not want:
+      result.append(None)
+      continue
+    if name in grads:  # the tail's vjp (or the fused pass, or y's for the residual)
+      grad = grads[name]
+      grad = operand.kind.cotangent(grad, want.shape) if operand.kind is TILE else grad
+    elif operand.kind is COLUMN:  # a streaming GEMV, faster than XLA's column reduction
+      grad = column_sums(call, d_acc)
+    else:
+      grad = operand.kind.cotangent(d_acc, want.shape)
+    if operand.role == "scaled addend":
+      grad = call.beta * grad
+    result.append(_cast(grad, want))
+  return tuple(result)
 
 
-def _tail(call, pre, residual, bias, row_bias, scalar):
+def _tail(call, pre, operands):
   """The epilogue after the affine part, in f32: clamp(act(pre) + residual), or a user's
-  clamp(fn(pre, *operands)) (`with_operands`: `bias`, `row_bias` and `scalar` given only
-  when fn takes them)."""
+  clamp(fn(pre, *operands)) (`with_operands`); `operands`: the `TAIL` operands it reads,
+  by name (`_in_tail`)."""
   lo, hi = call.clamp or (None, None)
   spec = epilogue_lib.EpilogueSpec(activation=call.activation, clamp_lo=lo, clamp_hi=hi)
-  row_bias = None if row_bias is None else row_bias[..., None]  # (..., M) -> rows
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
+  given = {name: EPILOGUE_OPERANDS[name].kind.broadcastable(x) for name, x in operands.items()}
+  y = epilogue_lib.finish(spec, pre, **given)
   return epilogue_lib.quantize(spec, y)
 
 
@@ -383,7 +406,7 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
       autotune=call.autotune,
   )
   batch = x.shape[:-2] or y.shape[:-2]
-  gemm = lambda call, x, y: _matmul(call, x, y, None, None, None, None, None)
+  gemm = _linear
   if batch == grad.shape[:-2]:
     out = gemm(linear, x, y)
   elif transpose_x and not transpose_y:
@@ -397,7 +420,7 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
 def _fuses_dpre(call, pre, g, wanted) -> bool:
   """Whether dPre and the bias gradient come from one kernel pass (`pallas_gemm.dpre`):
   a bias to differentiate and `fuses_dpre`."""
-  return wanted.bias is not None and fuses_dpre(call, pre, g, wanted.operand_dtype)
+  return wanted["bias"] is not None and fuses_dpre(call, pre, g, wanted.operand_dtype)
 
 
 def fuses_dpre(call, pre, g, operand_dtype) -> bool:
@@ -460,7 +483,7 @@ def column_sums(call, x):
     return jnp.sum(rows, axis=0, dtype=jnp.float32)
   ones = jnp.ones((1, rows.shape[0]), x.dtype)
   linear = GemmCall(out_dtype="float32", implementation=call.implementation, autotune=call.autotune)
-  return _matmul(linear, ones, rows, None, None, None, None, None)[0]
+  return _linear(linear, ones, rows)[0]
 
 
 def _sum_leading(x, grad):

@@ -3,8 +3,8 @@
 `gemm` runs the kernel module's `matmul` and gives it a vmap rule: vmapped
 dimensions become the kernel's own batch dimension (instead of the kernel's
 generic rule, which multiplies the persistent grid), and a shared operand
-stays 2-D so that its batch folds into M. A vmapped bias or row bias does
-not fit the kernel's single row; its epilogue then runs in XLA.
+stays 2-D so that its batch folds into M. A vmapped vector or scalar operand
+does not fit the kernel's single row; its epilogue then runs in XLA.
 
 >>> import jax, jax.numpy as jnp
 >>> call = GemmCall(out_dtype="float32", implementation="xla")
@@ -24,6 +24,7 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm.config import FP8_DTYPES, GemmConfig
 from pallas_gemm.gemm import gemm as kernel_matmul
+from pallas_gemm.operands import OPERANDS, PUBLIC, TILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +73,20 @@ class GemmCall:
     return dataclasses.replace(self.affine("float32"), beta=0.0)
 
 
-def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None, scalar=None):
-  """What `pallas_gemm.gemm.gemm` computes for `call` and these arrays."""
-  return _vmappable(call)(a, b, bias, c, row_bias, residual, scalar)
+def gemm(call: GemmCall, a, b, **operands):
+  """What `pallas_gemm.gemm.gemm` computes for `call` and these arrays; `operands`: the
+  epilogue's, by name (`operands.PUBLIC`: bias, c, row_bias, residual, scalar)."""
+  unknown = sorted(set(operands) - set(PUBLIC))
+  if unknown:
+    raise TypeError(f"gemm takes the epilogue operands {list(PUBLIC)}, got {unknown}")
+  return _vmappable(call)(a, b, *(operands.get(name) for name in PUBLIC))
 
 
-def finish_epilogue(
-    call: GemmCall, acc, *, bias=None, c=None, row_bias=None, residual=None, scalar=None
-):
+def finish_epilogue(call: GemmCall, acc, **operands):
   """`call`'s epilogue after alpha, in XLA, on an f32 `alpha * op(a) @ op(b)`.
 
-  Biases, c, residual and scalar must broadcast against `acc` (row_bias as (..., M, 1),
-  a per-example scalar as (size, 1, ..., 1)).
+  The operands (by name, as `gemm`'s) must broadcast against `acc` (a row vector as
+  (..., M, 1): `Kind.broadcastable`, a per-example one as `Kind.per_example`).
   Returns y, or (y, pre) when `call.return_pre`.
   """
   saturate = float(jnp.finfo(call.out_dtype).max) if call.out_dtype in FP8_DTYPES else None
@@ -97,8 +100,10 @@ def finish_epilogue(
       saturate=saturate,
       residual_slope=call.residual_slope,
   )
-  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, row_bias=row_bias)
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
+  tail = dict(residual=operands.pop("residual", None), scalar=operands.pop("scalar", None))
+  c = operands.pop("c", None)
+  pre = epilogue_lib.affine(spec, acc, c=c, **operands)
+  y = epilogue_lib.finish(spec, pre, **tail, **operands)
   y = epilogue_lib.quantize(spec, y)
   y = y.astype(call.out_dtype)
   return (y, pre.astype(call.out_dtype)) if call.return_pre else y
@@ -106,8 +111,8 @@ def finish_epilogue(
 
 def _vmappable(call):
   @jax.custom_batching.custom_vmap
-  def vmappable(a, b, bias, c, row_bias, residual, scalar):
-    return run(call, a, b, bias, c, row_bias, residual, scalar)
+  def vmappable(a, b, *operands):
+    return run(call, a, b, *operands)
 
   @vmappable.def_vmap
   def rule(axis_size, in_batched, *args):
@@ -116,9 +121,10 @@ def _vmappable(call):
   return vmappable
 
 
-def run(call, a, b, bias, c, row_bias, residual, scalar=None):
-  """`call` on unbatched operands: the entry of `pallas_gemm.gemm.gemm`, as jax traces it
-  (no custom batching rule: the XLA implementation batches and differentiates natively)."""
+def run(call, a, b, *operands):
+  """`call` on unbatched operands (the epilogue's in `operands.PUBLIC` order): the entry
+  of `pallas_gemm.gemm.gemm`, as jax traces it (no custom batching rule: the XLA
+  implementation batches and differentiates natively)."""
   if call.implementation == "interpret":
     _compat.require_interpret_transposes(call.transpose_a, call.transpose_b)
   if call.implementation == "xla" and call.transpose_a and a.ndim == 2 and b.ndim > 2:
@@ -130,64 +136,47 @@ def run(call, a, b, bias, c, row_bias, residual, scalar=None):
       b,
       transpose_a=call.transpose_a,
       transpose_b=call.transpose_b,
-      bias=bias,
       activation=call.activation,
-      c=c,
       alpha=call.alpha,
       beta=call.beta,
       out_dtype=call.out_dtype,
       config=call.config,
       implementation=call.implementation,
       autotune=call.autotune,
-      row_bias=row_bias,
-      residual=residual,
       clamp=call.clamp,
       out_scale=call.out_scale,
       return_pre=call.return_pre,
       residual_slope=call.residual_slope,
-      scalar=scalar,
+      **dict(zip(PUBLIC, operands)),
   )
 
 
-def _batched(call, size, in_batched, a, b, bias, c, row_bias, residual, scalar):
+def _batched(call, size, in_batched, a, b, *values):
   """The vmap rule: batched arrays carry the vmapped dim first (custom_vmap's convention)."""
-  (
-      a_batched,
-      b_batched,
-      bias_batched,
-      c_batched,
-      row_bias_batched,
-      residual_batched,
-      scalar_batched,
-  ) = in_batched
+  a_batched, b_batched, *flags = in_batched
+  given, batched = dict(zip(PUBLIC, values)), dict(zip(PUBLIC, flags))
   # The kernel wants equal batch dims on A and B, or one of them 2-D.
   batch = (size, *(a.shape[a_batched:-2] or b.shape[b_batched:-2]))
-  a, b, c, residual = (
-      _broadcast_batch(x, batched, batch) if x is not None and (batched or x.ndim > 2) else x
-      for x, batched in (
-          (a, a_batched),
-          (b, b_batched),
-          (c, c_batched),
-          (residual, residual_batched),
-      )
+  a, b = (
+      _broadcast_batch(x, mapped, batch) if mapped or x.ndim > 2 else x
+      for x, mapped in ((a, a_batched), (b, b_batched))
   )
-  if a.ndim == b.ndim == 2 and any(x is not None and x.ndim > 2 for x in (c, residual)):
+  tiles = [name for name in PUBLIC if OPERANDS[name].kind is TILE and given[name] is not None]
+  for name in tiles:  # the kernel batches tiles itself
+    if batched[name] or given[name].ndim > 2:
+      given[name] = _broadcast_batch(given[name], batched[name], batch)
+  if a.ndim == b.ndim == 2 and any(given[name].ndim > 2 for name in tiles):
     a = _broadcast_batch(a, False, batch)  # only an addend is batched: so is the product
-  if not (bias_batched or row_bias_batched or scalar_batched):
-    return gemm(call, a, b, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar)
-  # The kernel's biases are single rows and its scalar one value: the epilogue of
+  if not any(batched[name] for name in PUBLIC if name not in tiles and given[name] is not None):
+    return gemm(call, a, b, **given)
+  # The kernel's vectors are single rows and its scalar one value: the epilogue of
   # per-example ones runs in XLA.
   acc = gemm(call.product(), a, b)  # (size, *batch, M, N)
-  ones = (1,) * (acc.ndim - 3)
-  if bias is not None and bias_batched:
-    bias = bias.reshape(size, *ones, 1, -1)
-  if row_bias is not None:
-    row_bias = row_bias.reshape(*((size, *ones) if row_bias_batched else ()), -1, 1)
-  if scalar is not None and scalar_batched:
-    scalar = scalar.reshape(size, *ones, 1, 1)
-  return finish_epilogue(
-      call, acc, bias=bias, c=c, row_bias=row_bias, residual=residual, scalar=scalar
-  )
+  for name, x in given.items():
+    if x is not None and name not in tiles:
+      kind = OPERANDS[name].kind
+      given[name] = kind.per_example(x, size, acc.ndim) if batched[name] else kind.broadcastable(x)
+  return finish_epilogue(call, acc, **{name: x for name, x in given.items() if x is not None})
 
 
 def _broadcast_batch(x, batched, batch):

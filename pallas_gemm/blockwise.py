@@ -36,6 +36,7 @@ from pallas_gemm import smem
 from pallas_gemm.config import B_SCALE_BOX, FP8_DTYPES, INPUT_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm.tma_padding import pad_last2, round_up
 
 SCALE_BLOCK = 128
@@ -148,10 +149,8 @@ def blockwise_scaled_matmul(
   if out_dtype not in ("bfloat16", "float16", "float32"):
     raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
   activation = epilogue_lib.activation_name(activation)
-  if bias is not None and jnp.shape(bias) != (n,):
-    raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
-  if residual is not None and jnp.shape(residual) != (m, n):
-    raise ValueError(f"residual must have shape {(m, n)}, got {jnp.shape(residual)}")
+  for name, x in (("bias", bias), ("residual", residual)):
+    OPERANDS[name].check(x, m, n)
   spec = epilogue_lib.EpilogueSpec(activation=activation)
   a_scales, b_scales = (jnp.asarray(s, jnp.float32) for s in (a_scales, b_scales))
   if implementation is None or implementation == "auto":
@@ -225,9 +224,9 @@ def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residu
   b_cols = round_up(n_tiles, B_SCALE_BOX) if b_rows > 1 else n_tiles * cfg.tile_n
   b_scales_t = pad_last2(b_scales.T, k_blocks, round_up(b_cols, 4))
   if bias is not None:
-    bias = pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, n_tiles * cfg.tile_n)[0]
+    bias = gemm_lib.kernel_layout("bias", jnp.asarray(bias), problem, cfg, rows, cols)
   if residual is not None:
-    residual = pad_last2(residual, rows, gemm_lib.residual_cols(residual.dtype, cols, cfg))
+    residual = gemm_lib.kernel_layout("residual", residual, problem, cfg, rows, cols)
   out = hopper_gemm(
       a,
       b,
@@ -278,8 +277,7 @@ def blockwise_fp8_linear(
   x, w = jnp.asarray(x), jnp.asarray(w)
   if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
     raise ValueError(f"x must be (..., K) and w (K, N); got {x.shape} and {w.shape}")
-  if bias is not None and jnp.shape(bias) != (w.shape[1],):
-    raise ValueError(f"bias must have shape (N,) = ({w.shape[1]},), got {jnp.shape(bias)}")
+  OPERANDS["bias"].check(bias, 1, w.shape[1])
   static = _layer_static(dtype, implementation, x)
   y = _fp8_linear(static, x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), w, bias)
   return y.reshape(*x.shape[:-1], w.shape[1])

@@ -64,6 +64,7 @@ from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import GemmConfig, GemmProblem, fit_stages
 from pallas_gemm.gemm import IMPLEMENTATIONS
+from pallas_gemm.operands import OPERANDS
 
 SCHEDULES = ("bulk", "ring", "fused")
 
@@ -250,8 +251,7 @@ def _collective(
     out_dtype = jnp.dtype(out_dtype or x.dtype)
   except TypeError as e:
     raise TypeError(f"out_dtype must be a dtype, got {out_dtype!r}") from e
-  if bias is not None and jnp.shape(bias) != (w.shape[1],):
-    raise ValueError(f"bias must have shape ({w.shape[1]},), got {jnp.shape(bias)}")
+  OPERANDS["bias"].check(bias, 1, w.shape[1])
   if not isinstance(comm_sms, int) or comm_sms < 0:
     raise ValueError(f"comm_sms must be an int >= 0, got {comm_sms!r}")
   mesh = sharding.explicit_mesh(x, w, bias)

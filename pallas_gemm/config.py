@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
+from pallas_gemm import operands
 from pallas_gemm import smem
+from pallas_gemm.operands import ADDEND_DTYPES, OPERANDS
 
 SMEM_LIMIT_BYTES = smem.LIMIT_BYTES
 
@@ -42,8 +43,6 @@ on the H100), and a box that starts at the tile's own column stops it too
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 """Output dtypes without a scale (fp8 outputs are in FP8_DTYPES, with `out_scale`)."""
 KERNEL_OUTPUT_DTYPES = (*OUTPUT_DTYPES, *FP8_DTYPES)
-ADDEND_DTYPES = ("bfloat16", "float16", "float32")
-"""dtypes of a residual tile the epilogue reads (it keeps its own dtype in SMEM)."""
 MAX_ACC_ELEMENTS_PER_WG = 128 * 128
 """f32 accumulator elements per warpgroup: 128 registers per thread, of ~232."""
 
@@ -244,13 +243,14 @@ class GemmConfig:
         ((self.stages, self.tile_m, self.tile_k), problem.dtype),
         ((self.stages, self.tile_k, self.tile_n), problem.dtype_b),
         (slots, problem.out_dtype),
-        ((2, wn), "float32") if problem.has_bias else None,
-        ((2, wm), "float32") if problem.has_row_bias else None,
+        *(  # the vector operands, staged per tile (`operands.VECTORS`)
+            ((2, wn if OPERANDS[name].kind.axes == "n" else wm), "float32")
+            for name in operands.present(problem)
+            if name in operands.VECTORS
+        ),
         ((*slots[:2], problem.residual_operands, em, en), problem.residual_dtype)
         if problem.residual_dtype
         else None,
-        ((2, wn), "float32") if problem.has_col_scale else None,
-        ((2, wm), "float32") if problem.has_row_scale else None,
         ((2, wm), "float32") if problem.amax else None,
         ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
         ((self.stages, 1, B_SCALE_BOX if problem.b_scale_rows > 1 else self.tile_n), "float32")
@@ -429,18 +429,26 @@ that the deep rings of the table below still fit in SMEM."""
 
 
 def fit_stages(cfg: GemmConfig, problem: GemmProblem, max_stages: int) -> GemmConfig:
-  """`cfg` with the deepest ring (<= max_stages) that fits in SMEM; f32 outputs
-  with an f32 residual fall back to narrower epilogue tiles to keep 2+ stages."""
+  """`cfg` with the deepest ring (<= max_stages) that fits in SMEM, of a depth its
+  schedule takes (pingpong: even, >= 4); f32 outputs with an f32 residual fall back to
+  narrower epilogue tiles to keep the shallowest ring.
+
+  >>> fit_stages(GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"), GemmProblem(4096, 4096, 4096), 7).stages
+  6
+  """
   fits = lambda candidate: candidate.smem_bytes(problem) <= SMEM_LIMIT_BYTES
+  pingpong = cfg.schedule == "pingpong"  # stages // 2 per consumer warpgroup, 2+ each
+  shallowest, step = (4, 2) if pingpong else (2, 1)
+  depths = range(max(max_stages - max_stages % step, shallowest), shallowest - 1, -step)
   for epilogue_tile in (cfg.epilogue_tile, (64, 32)):
     candidate = smem.deepest(
         lambda stages: dataclasses.replace(cfg, stages=stages, epilogue_tile=epilogue_tile),
-        range(max_stages, 1, -1),
+        depths,
         fits,
     )
     if fits(candidate):
       return candidate
-  return dataclasses.replace(cfg, stages=2)
+  return dataclasses.replace(cfg, stages=shallowest)
 
 
 def tiles(extent: int, tile: int) -> int:

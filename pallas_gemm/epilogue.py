@@ -32,6 +32,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from pallas_gemm import operands
+
 
 def _sigmoid(x):
   # 1 / (1 + e^-x): exp and divide lower in Mosaic GPU; lax.logistic does not.
@@ -109,13 +111,9 @@ class CustomActivation:
     return "".join(ch if ch.isalnum() else "_" for ch in raw).strip("_").lower() or "custom"
 
 
-OPERAND_KINDS = {
-    "residual": "tile",
-    "bias": "column vector",
-    "row_bias": "row vector",
-    "scalar": "runtime scalar",
-}
-"""The GEMM operands a user's epilogue can take (`with_operands`), by kind."""
+OPERAND_KINDS = {name: op.kind.name for name, op in operands.OPERANDS.items() if op.routable}
+"""The GEMM operands a user's epilogue can take (`with_operands`), by kind
+(`pallas_gemm.operands`)."""
 
 
 def with_operands(fn, *operands: str) -> CustomActivation:
@@ -365,50 +363,41 @@ class EpilogueSpec:
         raise ValueError(f"{name} must be None or one of {sorted(ACTIVATIONS)}, got {value!r}")
 
 
-def apply(
-    spec: EpilogueSpec,
-    acc,
-    *,
-    c=None,
-    bias=None,
-    row_bias=None,
-    residual=None,
-    scales=(),
-    out_scale=None,
-):
+def apply(spec: EpilogueSpec, acc, *, c=None, residual=None, scales=(), out_scale=None, **vectors):
   """The formula of the module docstring in f32: `quantize(compute(...))`."""
-  y = compute(spec, acc, c=c, bias=bias, row_bias=row_bias, residual=residual, scales=scales)
+  y = compute(spec, acc, c=c, residual=residual, scales=scales, **vectors)
   return quantize(spec, y, out_scale)
 
 
-def compute(
-    spec: EpilogueSpec,
-    acc,
-    *,
-    c=None,
-    bias=None,
-    row_bias=None,
-    residual=None,
-    scales=(),
-    scalar=None,
-):
+def compute(spec: EpilogueSpec, acc, *, c=None, residual=None, scales=(), scalar=None, **vectors):
   """The epilogue up to the clamp, in f32 (`finish(affine(...))`); arrays already broadcast.
 
   >>> import jax.numpy as jnp
   >>> compute(EpilogueSpec(), jnp.ones((1, 2)), scales=(jnp.float32(3), jnp.array([[1.0, 2.0]])))
   Array([[3., 6.]], dtype=float32)
   """
-  pre = affine(spec, acc, c=c, bias=bias, row_bias=row_bias, scales=scales)
-  return finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
+  pre = affine(spec, acc, c=c, scales=scales, **vectors)
+  return finish(spec, pre, residual=residual, scalar=scalar, **vectors)
 
 
-def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=()):
-  """The part before the activation, in f32: alpha * scales * acc + beta * c + biases.
+def _addends(vectors) -> dict:
+  """The addend vectors given by name (`operands.ADDENDS`: bias, row_bias), checked."""
+  unknown = sorted(set(vectors) - set(operands.ADDENDS))
+  if unknown:
+    raise TypeError(f"the epilogue takes the vectors {list(operands.ADDENDS)}, got {unknown}")
+  return vectors
+
+
+def affine(spec: EpilogueSpec, acc, *, c=None, scales=(), **vectors):
+  """The part before the activation, in f32: alpha * scales * acc + beta * c + the addend
+  vectors (`bias`, `row_bias`: `operands.ADDENDS`, already broadcast), less those a
+  user's epilogue takes.
 
   >>> import jax.numpy as jnp
   >>> affine(EpilogueSpec(alpha=2.0), jnp.array([[1.0, -1.0]]), bias=jnp.array([[0.5, 0.5]]))
   Array([[ 2.5, -1.5]], dtype=float32)
   """
+  vectors = _addends(vectors)
   y = acc.astype(jnp.float32)
   if spec.alpha != 1.0:
     y = y * jnp.float32(spec.alpha)
@@ -417,16 +406,15 @@ def affine(spec: EpilogueSpec, acc, *, c=None, bias=None, row_bias=None, scales=
   if c is not None and spec.beta != 0.0:
     y = y + jnp.float32(spec.beta) * c.astype(jnp.float32)
   routed = routed_operands(spec.activation)  # handed to a user's epilogue instead
-  if bias is not None and "bias" not in routed:
-    y = y + bias.astype(jnp.float32)
-  if row_bias is not None and "row_bias" not in routed:
-    y = y + row_bias.astype(jnp.float32)
+  for name in operands.ADDENDS:
+    if vectors.get(name) is not None and name not in routed:
+      y = y + vectors[name].astype(jnp.float32)
   return y
 
 
-def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None, scalar=None):
-  """From the activation to the clamp, in f32, given `pre = affine(...)`; `bias` and
-  `row_bias` (broadcast) and `scalar` are read only by a user's epilogue that takes them.
+def finish(spec: EpilogueSpec, pre, *, residual=None, scalar=None, **vectors):
+  """From the activation to the clamp, in f32, given `pre = affine(...)`; the addend
+  vectors (broadcast) and `scalar` are read only by a user's epilogue that takes them.
 
   >>> import jax.numpy as jnp
   >>> finish(EpilogueSpec(activation="relu"), jnp.array([[2.5, -1.5]]))
@@ -438,8 +426,8 @@ def finish(spec: EpilogueSpec, pre, *, residual=None, bias=None, row_bias=None, 
   y = pre.astype(jnp.float32)
   routed = routed_operands(spec.activation)
   if routed:  # a user's fn(pre, *operands); with the residual, it replaces act + residual
-    given = dict(residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
-    missing = [name for name in routed if given[name] is None]
+    given = dict(_addends(vectors), residual=residual, scalar=scalar)
+    missing = [name for name in routed if given.get(name) is None]
     if missing:
       raise ValueError(
           f"activation={spec.activation.name} (with_operands) needs the operands "

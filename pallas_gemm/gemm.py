@@ -32,11 +32,11 @@ import numpy as np
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import route
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm import smem
 from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
 from pallas_gemm import split_k
 from pallas_gemm.config import (
-    ADDEND_DTYPES,
     FP8_DTYPES,
     INT_DTYPES,
     K_MAJOR_DTYPES,
@@ -237,8 +237,7 @@ def scalar_operand(scalar, routed) -> jax.Array:
         "activation=with_operands(fn, ..., 'scalar')"
     )
   check_real(scalar=scalar)
-  if jnp.shape(scalar) != ():
-    raise ValueError(f"scalar must be a scalar (shape ()), got shape {jnp.shape(scalar)}")
+  OPERANDS["scalar"].check(scalar, m=0, n=0)
   one = jnp.ones((), jnp.float32)
   return jnp.stack([one, one, jnp.asarray(scalar, jnp.float32)])
 
@@ -283,10 +282,8 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
     raise TypeError(f"out_dtype must be one of {KERNEL_OUTPUT_DTYPES}, got {out_dtype}")
   if out_dtype.name in FP8_DTYPES and c is not None and beta != 0.0:
     raise ValueError(f"c (beta * c) is not supported with an fp8 out_dtype ({out_dtype})")
-  if bias is not None and jnp.shape(bias) != (n,):
-    raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
-  if c is not None and jnp.shape(c) not in ((*batch_shape, m, n), (m, n)):
-    raise ValueError(f"c must have shape {(*batch_shape, m, n)} or {(m, n)}, got {jnp.shape(c)}")
+  for name, x in (("bias", bias), ("c", c)):
+    OPERANDS[name].check(x, m, n, batch_shape)
   if c is None and beta != 0.0:
     raise ValueError(f"beta={beta} needs c")
   problem = GemmProblem(
@@ -306,22 +303,14 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
 
 
 def check_extras(problem, batch_shape, row_bias, residual):
-  """Checks row_bias and residual; returns the problem with them recorded."""
-  m, n = problem.m, problem.n
-  if row_bias is not None and jnp.shape(row_bias) != (m,):
-    raise ValueError(f"row_bias must have shape (M,) = ({m},), got {jnp.shape(row_bias)}")
-  residual_dtype = None
-  if residual is not None:
-    if jnp.shape(residual) not in ((*batch_shape, m, n), (m, n)):
-      raise ValueError(
-          f"residual must have shape {(*batch_shape, m, n)} or {(m, n)}, "
-          f"got {jnp.shape(residual)}"
-      )
-    residual_dtype = jnp.result_type(residual).name
-    if residual_dtype not in ADDEND_DTYPES:
-      raise TypeError(f"residual must be one of {ADDEND_DTYPES}, got {residual_dtype}")
+  """Checks row_bias and residual (`operands.OPERANDS`); returns the problem with them
+  recorded."""
+  for name, x in (("row_bias", row_bias), ("residual", residual)):
+    OPERANDS[name].check(x, problem.m, problem.n, batch_shape)
   return dataclasses.replace(
-      problem, has_row_bias=row_bias is not None, residual_dtype=residual_dtype
+      problem,
+      has_row_bias=row_bias is not None,
+      residual_dtype=None if residual is None else jnp.result_type(residual).name,
   )
 
 
@@ -439,19 +428,18 @@ def _epilogue_in_xla(
   Returns y; with `return_pre`, (y, pre); with `amax`, max |y| before fp8 output
   scaling is appended.
   """
-  scales = tuple(
-      x
-      for x in (
-          None if scalars is None else scalars[0],
-          None if row_scale is None else row_scale[:, None],
-          col_scale,
-      )
-      if x is not None
+  multipliers = dict(row_scale=row_scale, col_scale=col_scale)
+  scales = (() if scalars is None else (scalars[0],)) + tuple(
+      OPERANDS[name].kind.broadcastable(x) for name, x in multipliers.items() if x is not None
   )
-  row_bias = None if row_bias is None else jnp.asarray(row_bias)[:, None]
-  pre = epilogue_lib.affine(spec, acc, c=c, bias=bias, scales=scales, row_bias=row_bias)
+  vectors = {
+      name: OPERANDS[name].kind.broadcastable(jnp.asarray(x))
+      for name, x in dict(bias=bias, row_bias=row_bias).items()
+      if x is not None
+  }
+  pre = epilogue_lib.affine(spec, acc, c=c, scales=scales, **vectors)
   scalar = None if scalars is None or scalars.shape[0] < 3 else scalars[2]
-  y = epilogue_lib.finish(spec, pre, residual=residual, bias=bias, row_bias=row_bias, scalar=scalar)
+  y = epilogue_lib.finish(spec, pre, residual=residual, scalar=scalar, **vectors)
   out = epilogue_lib.quantize(spec, y, None if scalars is None else scalars[1]).astype(out_dtype)
   results = (
       (out,)
@@ -523,6 +511,23 @@ def residual_cols(dtype, cols, config):
   if smem.widest_swizzle(dtype, en, cols) is None:
     return round_up(cols, smem.swizzle_span(dtype, 32))
   return cols
+
+
+def kernel_layout(name, x, problem, config, rows, cols):
+  """Epilogue operand `name` as the kernel reads it, for an output the kernel writes
+  (rows, cols) wide: vectors in f32, zero-padded to whole (cluster) tiles; c in the
+  output dtype and the residual padded like the output (`residual_cols`)."""
+  kind = OPERANDS[name].kind
+  if kind.vector:
+    extent = (
+        round_up(cols, config.tile_n * config.cluster[1])
+        if kind.axes == "n"
+        else round_up(rows, config.tile_m * config.cluster[0])
+    )
+    return pad_last2(x.astype(jnp.float32)[None], 1, extent)[0]
+  if name == "c":
+    return pad_last2(x.astype(problem.out_dtype), rows, cols)
+  return pad_last2(x, rows, residual_cols(x.dtype, cols, config))
 
 
 def interpret_config(config, problem):
@@ -611,27 +616,28 @@ def kernel_gemm(
     problem = dataclasses.replace(problem, residual_operands=2)
   a, b, problem = _k_major(a, b, problem)
   # A 2-D B with a batched, untransposed A is one big GEMM: fold the batch into M.
+  operands = dict(
+      bias=bias,
+      c=c,
+      row_bias=row_bias,
+      residual=residual,
+      row_scale=row_scale,
+      col_scale=col_scale,
+  )
+  operands = {name: jnp.asarray(x) for name, x in operands.items() if x is not None}
   fold = bool(batch_shape) and b.ndim == 2 and not problem.transpose_a
   if fold:
     a = a.reshape(-1, a.shape[-1])
-    if c is not None and c.ndim > 2:
-      c = c.reshape(-1, n)
-    elif c is not None:
-      c = jnp.broadcast_to(c, (*batch_shape, m, n)).reshape(-1, n)
-    if residual is not None:
-      residual = jnp.broadcast_to(residual, (*batch_shape, m, n)).reshape(-1, n)
-    if row_bias is not None:
-      row_bias = jnp.tile(jnp.asarray(row_bias), a.shape[0] // m)
-    if row_scale is not None:
-      row_scale = jnp.tile(row_scale, a.shape[0] // m)
+    operands = {
+        name: OPERANDS[name].kind.folded(x, batch_shape, m, n) for name, x in operands.items()
+    }
     problem = dataclasses.replace(problem, m=a.shape[0], batch=1)
   else:
     a = a.reshape(-1, *a.shape[-2:]) if a.ndim > 2 else a
     b = b.reshape(-1, *b.shape[-2:]) if b.ndim > 2 else b
-    if c is not None and c.ndim > 2:
-      c = c.reshape(-1, *c.shape[-2:])
-    if residual is not None and residual.ndim > 2:
-      residual = residual.reshape(-1, *residual.shape[-2:])
+    operands = {
+        name: x.reshape(-1, *x.shape[-2:]) if x.ndim > 2 else x for name, x in operands.items()
+    }
   if config is None and not interpret:  # keyed by the problem the kernel runs
     config = usable_config(
         resolve_config(
@@ -650,48 +656,23 @@ def kernel_gemm(
   config.validate(problem)
   splits = config.k_splits(problem)[0]
   if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
-    extras = dict(
-        bias=bias,
-        c=c,
-        row_bias=row_bias,
-        residual=residual,
-        scalars=scalars,
-        row_scale=row_scale,
-        col_scale=col_scale,
-        amax=amax,
-    )
-    bias = c = row_bias = residual = scalars = row_scale = col_scale = None
+    extras = dict(operands, scalars=scalars, amax=amax)
+    operands, scalars = {}, None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
   a, b = tma_layout(a, b, problem, config, interpret)
   rows, cols = out_extent(problem, config, interpret)
-  if c is not None:
-    c = pad_last2(c.astype(problem.out_dtype), rows, cols)
-  bias_cols = round_up(cols, config.tile_n * config.cluster[1])  # whole (cluster) tiles
-  bias_rows = round_up(rows, config.tile_m * config.cluster[0])
-  if bias is not None:
-    bias = pad_last2(jnp.asarray(bias, jnp.float32)[None], 1, bias_cols)[0]
-  if row_bias is not None:
-    row_bias = pad_last2(jnp.asarray(row_bias, jnp.float32)[None], 1, bias_rows)[0]
-  if row_scale is not None:
-    row_scale = pad_last2(row_scale.astype(jnp.float32)[None], 1, bias_rows)[0]
-  if col_scale is not None:
-    col_scale = pad_last2(col_scale.astype(jnp.float32)[None], 1, bias_cols)[0]
-  if residual is not None:
-    residual = pad_last2(residual, rows, residual_cols(residual.dtype, cols, config))
+  operands = {
+      name: kernel_layout(name, x, problem, config, rows, cols) for name, x in operands.items()
+  }
   if residual_up is not None:
-    residual_up = pad_last2(residual_up, rows, residual_cols(residual_up.dtype, cols, config))
+    residual_up = kernel_layout("residual", residual_up, problem, config, rows, cols)
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   outs = hopper_gemm(
       a,
       b,
-      bias,
-      c,
-      row_bias=row_bias,
-      residual=residual,
+      **operands,
       scalars=scalars,
-      row_scale=row_scale,
-      col_scale=col_scale,
       valid_n=n,
       residual_up=residual_up,
       problem=kernel_problem,

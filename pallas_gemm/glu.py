@@ -42,6 +42,7 @@ from pallas_gemm.batching import GemmCall
 from pallas_gemm.config import GemmConfig, GemmProblem, fit_stages, tiles
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm.tma_padding import pad_last2, round_up
 
 DTYPES = ("bfloat16", "float16")
@@ -103,8 +104,7 @@ def gated_linear_unit(
   if x.shape[-1] != k:
     raise ValueError(f"x's last dim {x.shape[-1]} must equal w_gate's K={k}")
   for name, v in (("bias_gate", bias_gate), ("bias_up", bias_up)):
-    if v is not None and jnp.shape(v) != (n,):
-      raise ValueError(f"{name} must have shape (N,) = ({n},), got {jnp.shape(v)}")
+    OPERANDS["bias"].check(v, x.shape[-2] if x.ndim > 1 else 1, n, argument=name)
   gemm_lib.check_real(bias_gate=bias_gate, bias_up=bias_up)
   out_dtype = jnp.dtype(out_dtype or x.dtype).name
   dtype = x.dtype.name
@@ -372,14 +372,14 @@ def gated_mlp(
         f"shapes do not chain: x {x.shape} @ w_gate {w_gate.shape} @ w_down {w_down.shape}"
     )
   out_shape = (*x.shape[:-1], d_out)
-  for name, v, shape in (
-      ("bias_gate", bias_gate, (h,)),
-      ("bias_up", bias_up, (h,)),
-      ("bias_down", bias_down, (d_out,)),
-      ("residual", residual, out_shape),
+  for name, v, n in (
+      ("bias_gate", bias_gate, h),
+      ("bias_up", bias_up, h),
+      ("bias_down", bias_down, d_out),
   ):
-    if v is not None and jnp.shape(v) != shape:
-      raise ValueError(f"{name} must have shape {shape}, got {jnp.shape(v)}")
+    OPERANDS["bias"].check(v, 1, n, argument=name)
+  if residual is not None and jnp.shape(residual) != out_shape:
+    raise ValueError(f"residual must have shape {out_shape}, got {jnp.shape(residual)}")
   dtype = x.dtype.name
   rows = math.prod(x.shape[:-1])
   implementation = _resolve(implementation, None, GemmProblem(m=rows, n=2 * h, k=d, dtype=dtype))

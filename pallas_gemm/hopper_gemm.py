@@ -39,6 +39,7 @@ from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import device_rings
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import operands
 from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import schedules
@@ -46,6 +47,7 @@ from pallas_gemm import smem
 from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm import tile_epilogue
 from pallas_gemm.config import B_SCALE_BOX, DEFAULT_NUM_SMS, INT_DTYPES, GemmConfig, GemmProblem, tiles
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm.tile_epilogue import at
 
 EXPERIMENT_COMPILER_PARAMS: dict = {}
@@ -142,24 +144,25 @@ def _tile_position(p: _Plan, tile_index):
   return batch_idx, m_c, n_c
 
 
-def _kernel(
-    a_gmem,
-    b_gmem,
-    bias_gmem,
-    row_bias_gmem,
-    c_gmem,
-    residual_gmem,
-    scalars_gmem,
-    row_scale_gmem,
-    col_scale_gmem,
-    b_up_gmem,
-    residual_up_gmem,
-    a_scales_gmem,
-    b_scales_gmem,
-    out_gmem,
-    *extra_refs,
-    p: _Plan,
-):
+_INPUTS = (
+    *("scalars" if name == "scalar" else name for name in OPERANDS),
+    "b_up",
+    "residual_up",
+    "a_scales",
+    "b_scales",
+)
+"""The kernel's inputs after A and B, in order: the epilogue operands (`operands.OPERANDS`;
+a user's scalar rides in the runtime `scalars`), then the gated unit's and blockwise
+fp8's."""
+
+
+def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
+  inputs = dict(zip(_INPUTS, refs))
+  out_gmem, *extra_refs = refs[len(_INPUTS) :]
+  vectors = {name: inputs[name] for name in operands.VECTORS}
+  c_gmem, residual_gmem, scalars_gmem = inputs["c"], inputs["residual"], inputs["scalars"]
+  b_up_gmem, residual_up_gmem = inputs["b_up"], inputs["residual_up"]
+  a_scales_gmem, b_scales_gmem = inputs["a_scales"], inputs["b_scales"]
   extra_refs = iter(extra_refs)
   pre_gmem = next(extra_refs) if p.return_pre else None
   up_pre_gmem = next(extra_refs) if p.return_pre and b_up_gmem is not None else None
@@ -198,12 +201,9 @@ def _kernel(
         pre_gmem=pre_gmem,
         up_pre_gmem=up_pre_gmem,
         amax_gmem=amax_gmem,
-        bias_gmem=bias_gmem,
-        row_bias_gmem=row_bias_gmem,
+        vectors=vectors,
         c_gmem=c_gmem,
         residuals=residuals,
-        row_scale_gmem=row_scale_gmem,
-        col_scale_gmem=col_scale_gmem,
         **epilogue_refs,
     )
 
@@ -431,14 +431,11 @@ def _kernel(
           cfg,
           out_dtype,
           p.out_transforms,
-          bias=bias_gmem is not None,
+          vectors=tuple(name for name, ref in vectors.items() if ref is not None),
           c=c_gmem is not None,
-          row_bias=row_bias_gmem is not None,
           residual_dtype=None if residual_gmem is None else residual_gmem.dtype,
           residuals=len(residuals),
           residual_transforms=p.residual_transforms,
-          row_scale=row_scale_gmem is not None,
-          col_scale=col_scale_gmem is not None,
           amax=amax_gmem is not None,
       ),
       collective_axes="wg",
@@ -790,21 +787,20 @@ def _launch(
   if (block_scales is not None) != problem.block_scaled:
     raise ValueError("block_scales and problem.block_scaled go together")
   a_scales, b_scales = block_scales if block_scales is not None else (None, None)
-  results = kernel(
-      a,
-      b,
-      bias,
-      row_bias,
-      c,
-      residual,
-      scalars,
-      row_scale,
-      col_scale,
-      b_up,
-      residual_up,
-      a_scales,
-      b_scales,
+  inputs = dict(
+      bias=bias,
+      row_bias=row_bias,
+      c=c,
+      residual=residual,
+      scalars=scalars,
+      row_scale=row_scale,
+      col_scale=col_scale,
+      b_up=b_up,
+      residual_up=residual_up,
+      a_scales=a_scales,
+      b_scales=b_scales,
   )
+  results = kernel(a, b, *(inputs[name] for name in _INPUTS))
   if len(out_type) == 1:
     return results
   return results[:outputs] if outputs > 1 else results[0]

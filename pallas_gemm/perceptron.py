@@ -45,6 +45,7 @@ from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import sharding
 from pallas_gemm.batching import GemmCall
 from pallas_gemm.gemm import IMPLEMENTATIONS
+from pallas_gemm.operands import OPERANDS
 
 
 def mlp(
@@ -85,13 +86,10 @@ def mlp(
   if x.shape[-1] != w_in.shape[0] or w_in.shape[1] != w_out.shape[0]:
     raise ValueError(f"shapes do not chain: x {x.shape} @ w_in {w_in.shape} @ w_out {w_out.shape}")
   out_shape = (*x.shape[:-1], w_out.shape[1])
-  for name, v, shape in (
-      ("b_in", b_in, (w_in.shape[1],)),
-      ("b_out", b_out, (w_out.shape[1],)),
-      ("residual", residual, out_shape),
-  ):
-    if v is not None and jnp.shape(v) != shape:
-      raise ValueError(f"{name} must have shape {shape}, got {jnp.shape(v)}")
+  for name, v, n in (("b_in", b_in, w_in.shape[1]), ("b_out", b_out, w_out.shape[1])):
+    OPERANDS["bias"].check(v, 1, n, argument=name)
+  if residual is not None and jnp.shape(residual) != out_shape:
+    raise ValueError(f"residual must have shape {out_shape}, got {jnp.shape(residual)}")
   if implementation is None:
     implementation = "auto" if _compat.on_hopper() else "xla"
   dtype = x.dtype.name

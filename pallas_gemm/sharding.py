@@ -41,35 +41,31 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from pallas_gemm import _compat
 from pallas_gemm import batching
 from pallas_gemm.batching import GemmCall
+from pallas_gemm.operands import OPERANDS
 
 
-def gemm(call: GemmCall, a, b, *, bias=None, c=None, row_bias=None, residual=None, scalar=None):
-  """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes (a
-  user's epilogue scalar replicated)."""
-  extras = {"bias": bias, "c": c, "row_bias": row_bias, "residual": residual, "scalar": scalar}
-  mesh = explicit_mesh(a, b, *extras.values())
+def gemm(call: GemmCall, a, b, **operands):
+  """`batching.gemm`, per shard when the operands live on a mesh with Explicit axes: each
+  epilogue operand partitioned as its kind lines up with the output (`Kind.partition`; a
+  scalar replicated)."""
+  mesh = explicit_mesh(a, b, *operands.values())
   if mesh is None:
-    return batching.gemm(call, a, b, **extras)
+    return batching.gemm(call, a, b, **operands)
   plan = _Plan.of(call, a, b)
-  specs = {
-      "a": plan.a,
-      "b": plan.b,
-      "bias": (plan.n,),
-      "row_bias": (plan.out[-2],),
-      "scalar": (),
-  }
-  for name in ("c", "residual"):
-    if extras[name] is not None:
-      specs[name] = plan.out[-extras[name].ndim :]
-  arrays = {name: x for name, x in {"a": a, "b": b, **extras}.items() if x is not None}
+  arrays = {name: x for name, x in {"a": a, "b": b, **operands}.items() if x is not None}
+  specs = {"a": plan.a, "b": plan.b}
+  specs.update(
+      (name, OPERANDS[name].kind.partition(plan.out, x.ndim))
+      for name, x in arrays.items()
+      if name in OPERANDS
+  )
 
   def local(*values):
     kw = dict(zip(arrays, values))
     a, b = kw.pop("a"), kw.pop("b")
     if not plan.k:
       return batching.gemm(call, a, b, **kw)
-    if "row_bias" in kw:
-      kw["row_bias"] = kw["row_bias"][:, None]
+    kw = {name: OPERANDS[name].kind.broadcastable(x) for name, x in kw.items()}
     acc = lax.psum(batching.gemm(_partial_product(call), a, b), plan.k)
     return batching.finish_epilogue(call, acc.astype(jnp.float32), **kw)
 

@@ -15,9 +15,8 @@ the store that freed its slot (NOTES exps. 57-58).
 
 >>> import jax.numpy as jnp
 >>> from pallas_gemm.config import GemmConfig
->>> refs = scratch(GemmConfig(), jnp.bfloat16, (), bias=True, c=False, row_bias=False,
-...                residual_dtype=None, residuals=0, residual_transforms=None,
-...                row_scale=False, col_scale=False, amax=False)
+>>> refs = scratch(GemmConfig(), jnp.bfloat16, (), vectors=("bias",), c=False,
+...                residual_dtype=None, residuals=0, residual_transforms=None, amax=False)
 >>> [name for name, ref in sorted(refs.items()) if ref is not None]
 ['bias_loaded', 'bias_smem', 'out_smem']
 """
@@ -34,6 +33,8 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import operands
+from pallas_gemm.operands import OPERANDS
 
 
 def at(ref, batch_idx, rows, cols):
@@ -65,32 +66,30 @@ def scratch(
     out_dtype,
     out_transforms,
     *,
-    bias,
+    vectors,
     c,
-    row_bias,
     residual_dtype,
     residuals,
     residual_transforms,
-    row_scale,
-    col_scale,
     amax,
 ):
   """The SMEM buffers and barriers of the epilogue (None where unused), by name: the
-  keyword arguments of `build`, for `pl.run_scoped`."""
+  keyword arguments of `build`, for `pl.run_scoped`. `vectors`: the vector operands
+  present (`operands.VECTORS`), each staged as `{name}_smem` (two tiles' worth, f32)
+  with its barrier `{name}_loaded`."""
   em, en = config.epilogue_shape
   wm, wn = config.wg_tile
   slots = config.epilogue_slots
-  vector = lambda present, extent: plgpu.SMEM((2, extent), jnp.float32) if present else None
-  loaded = lambda present, count=2: (
-      plgpu.Barrier(num_arrivals=1, num_barriers=count) if present else None
-  )
+  staged = {}
+  for name in operands.VECTORS:
+    present = name in vectors
+    extent = wn if OPERANDS[name].kind.axes == "n" else wm
+    staged[f"{name}_smem"] = plgpu.SMEM((2, extent), jnp.float32) if present else None
+    staged[f"{name}_loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=2) if present else None
   return dict(
+      staged,
       out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_transforms),
-      bias_smem=vector(bias, wn),
-      bias_loaded=loaded(bias),
-      c_loaded=loaded(c, 2 * slots),
-      row_bias_smem=vector(row_bias, wm),
-      row_bias_loaded=loaded(row_bias),
+      c_loaded=plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots) if c else None,
       res_smem=None
       if residual_dtype is None
       else plgpu.SMEM(
@@ -99,27 +98,28 @@ def scratch(
       res_loaded=None
       if residual_dtype is None
       else plgpu.Barrier(num_arrivals=residuals, num_barriers=2 * slots),
-      row_scale_smem=vector(row_scale, wm),
-      row_scale_loaded=loaded(row_scale),
-      col_scale_smem=vector(col_scale, wn),
-      col_scale_loaded=loaded(col_scale),
-      amax_smem=vector(amax, wm),
+      amax_smem=plgpu.SMEM((2, wm), jnp.float32) if amax else None,
   )
+
+
+def _vector_chunk(name, staged, wg, i, j, em, en):
+  """Operand `name`'s slice for epilogue chunk (i, j) of a warpgroup tile, from its
+  staged vector, broadcast to the (em, en) chunk as its kind lines up."""
+  if OPERANDS[name].kind.axes == "n":
+    return lax.broadcast_in_dim(staged[wg, pl.ds(j * en, en)], (em, en), (1,))
+  return lax.broadcast_in_dim(staged[wg, pl.ds(i * em, em)], (em, en), (0,))
 
 
 def build_store_only(p, wg, *, out_gmem, out_smem) -> TileEpilogue:
   """`build` for an epilogue that only adds its partials and stores the sum in
   `out_gmem`'s dtype (no epilogue spec, operands or extra outputs); `out_smem` is the
   kernel epilogue's, shared (each store is waited for before a slot is reused)."""
-  absent = (
-      "pre_gmem up_pre_gmem amax_gmem bias_gmem row_bias_gmem c_gmem row_scale_gmem "
-      "col_scale_gmem bias_smem bias_loaded c_loaded row_bias_smem row_bias_loaded res_smem "
-      "res_loaded row_scale_smem row_scale_loaded col_scale_smem col_scale_loaded amax_smem"
-  )
+  absent = "pre_gmem up_pre_gmem amax_gmem c_gmem c_loaded res_smem res_loaded amax_smem"
+  staged = [f"{name}_{part}" for name in operands.VECTORS for part in ("smem", "loaded")]
   plain = dataclasses.replace(p, epilogue=epilogue_lib.EpilogueSpec(), return_pre=False)
   return build(
-      plain, wg, out_gmem=out_gmem, residuals=(), out_smem=out_smem,
-      **dict.fromkeys(absent.split()),
+      plain, wg, out_gmem=out_gmem, vectors={}, residuals=(), out_smem=out_smem,
+      **dict.fromkeys(absent.split() + staged),
   )  # fmt: skip
 
 
@@ -131,36 +131,29 @@ def build(
     pre_gmem,
     up_pre_gmem,
     amax_gmem,
-    bias_gmem,
-    row_bias_gmem,
+    vectors,
     c_gmem,
     residuals,
-    row_scale_gmem,
-    col_scale_gmem,
     out_smem,
-    bias_smem,
-    bias_loaded,
     c_loaded,
-    row_bias_smem,
-    row_bias_loaded,
     res_smem,
     res_loaded,
-    row_scale_smem,
-    row_scale_loaded,
-    col_scale_smem,
-    col_scale_loaded,
     amax_smem,
+    **staged,
 ) -> TileEpilogue:
   """The epilogue functions of warpgroup `wg` for the kernel plan `p` (`hopper_gemm._Plan`:
   its config, problem, epilogue spec and valid_n), over the GMEM operands and outputs
-  (None where absent; `residuals`: the residual operands, loaded side by side) and the
-  SMEM of `scratch`."""
+  (None where absent; `vectors`: the vector operands' by name, `operands.VECTORS`;
+  `residuals`: the residual operands, loaded side by side) and the SMEM of `scratch`
+  (`staged`: each vector's `{name}_smem` and `{name}_loaded`)."""
   cfg = p.config
   em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
   slots = cfg.epilogue_slots
   out_dtype = out_gmem.dtype
   chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
+  present = [name for name in operands.VECTORS if staged[f"{name}_smem"] is not None]
+  bias_smem, bias_loaded = staged["bias_smem"], staged["bias_loaded"]  # the gated epilogue's
 
   def chunk_window(chunk, row0, col0):
     """The (rows, cols) slices of epilogue chunk `chunk` of the tile at (row0, col0)."""
@@ -178,14 +171,13 @@ def build(
 
   def stage_vectors(batch_idx, row0, col0):
     """Per-column and per-row vectors of this warpgroup's tile, loaded during the K loop."""
-    for gmem, staged, loaded_at, start, extent in (
-        (bias_gmem, bias_smem, bias_loaded, col0, wn),
-        (row_bias_gmem, row_bias_smem, row_bias_loaded, row0, wm),
-        (row_scale_gmem, row_scale_smem, row_scale_loaded, row0, wm),
-        (col_scale_gmem, col_scale_smem, col_scale_loaded, col0, wn),
-    ):
-      if staged is not None:
-        plgpu.copy_gmem_to_smem(gmem.at[pl.ds(start, extent)], staged.at[wg], loaded_at.at[wg])
+    for name in present:
+      start, extent = (col0, wn) if OPERANDS[name].kind.axes == "n" else (row0, wm)
+      plgpu.copy_gmem_to_smem(
+          vectors[name].at[pl.ds(start, extent)],
+          staged[f"{name}_smem"].at[wg],
+          staged[f"{name}_loaded"].at[wg],
+      )
     if res_smem is not None:
       # The residual's first chunks too: a load issued in the epilogue would stall
       # it for a whole HBM round trip (NOTES exp. 57); later chunks load one chunk
@@ -196,13 +188,8 @@ def build(
   def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
     """Epilogue of one warpgroup tile, chunk by chunk; `partials`: (GMEM tile, valid)
     pairs, added to each chunk first."""
-    if bias_smem is not None:
-      plgpu.barrier_wait(bias_loaded.at[wg])
-    if row_bias_smem is not None:
-      plgpu.barrier_wait(row_bias_loaded.at[wg])
-    for loaded_barrier in (row_scale_loaded, col_scale_loaded):
-      if loaded_barrier is not None:
-        plgpu.barrier_wait(loaded_barrier.at[wg])
+    for name in present:
+      plgpu.barrier_wait(staged[f"{name}_loaded"].at[wg])
     row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
     # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
     # With a store count that is not a multiple of the slots, the next tile's
@@ -226,11 +213,8 @@ def build(
           plgpu.copy_gmem_to_smem(at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
           plgpu.barrier_wait(c_loaded.at[barrier])
           c_tile = buf[...]
-        bias_tile = row_bias_tile = None
-        if bias_smem is not None:
-          bias_tile = lax.broadcast_in_dim(bias_smem[wg, pl.ds(j * en, en)], (em, en), (1,))
-        if row_bias_smem is not None:
-          row_bias_tile = lax.broadcast_in_dim(row_bias_smem[wg, pl.ds(i * em, em)], (em, en), (0,))
+        chunk_of = lambda name: _vector_chunk(name, staged[f"{name}_smem"], wg, i, j, em, en)
+        addends = {name: chunk_of(name) for name in present if name in operands.ADDENDS}
         if res_smem is not None:
           plgpu.barrier_wait(res_barrier)
           res_tile = tuple(res_smem[wg, chunk % slots, r] for r in range(len(residuals)))
@@ -238,10 +222,7 @@ def build(
         scales = []
         if scalars is not None:
           scales.append(scalars[0])
-        if row_scale_smem is not None:
-          scales.append(lax.broadcast_in_dim(row_scale_smem[wg, pl.ds(i * em, em)], (em, en), (0,)))
-        if col_scale_smem is not None:
-          scales.append(lax.broadcast_in_dim(col_scale_smem[wg, pl.ds(j * en, en)], (em, en), (1,)))
+        scales += [chunk_of(name) for name in present if name in operands.MULTIPLIERS]
         acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
         for partial, valid in partials:
           part = _compat.load_registers(
@@ -250,14 +231,7 @@ def build(
           acc_chunk += jnp.where(
               lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
           )
-        y = epilogue_lib.affine(
-            p.epilogue,
-            acc_chunk,
-            c=c_tile,
-            bias=bias_tile,
-            row_bias=row_bias_tile,
-            scales=tuple(scales),
-        )
+        y = epilogue_lib.affine(p.epilogue, acc_chunk, c=c_tile, scales=tuple(scales), **addends)
         if pre_gmem is not None:
           # pre; or, with `gated_slope`, the up pre-activation's cotangent
           second = y
@@ -272,9 +246,8 @@ def build(
             p.epilogue,
             y,
             residual=res_tile,
-            bias=bias_tile,
-            row_bias=row_bias_tile,
             scalar=None if scalars is None or len(scalars) < 3 else scalars[2],
+            **addends,
         )
         last_chunk = i == wm // em - 1 and j == wn // en - 1
         if amax_smem is not None:

@@ -38,6 +38,7 @@ import numpy as np
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import weight_only_gemm as kernel_lib
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm.config import tiles
 from pallas_gemm.tma_padding import round_up, tma_rows
 
@@ -302,8 +303,7 @@ def quantized_matmul(
     raise ValueError(
         f"x must be (..., K) with K={k} (w_q is (N, K) = {qw.values.shape}), got {x.shape}"
     )
-  if bias is not None and jnp.shape(bias) != (n,):
-    raise ValueError(f"bias must have shape (N,) = ({n},), got {jnp.shape(bias)}")
+  OPERANDS["bias"].check(bias, 1, n)
   if config is not None and not isinstance(config, kernel_lib.WeightOnlyConfig):
     raise TypeError(f"config must be a WeightOnlyConfig or None, got {type(config).__name__}")
   activation = epilogue_lib.activation_name(activation)

@@ -166,7 +166,7 @@ def test_a_ring_step_leaves_comm_sms_to_the_collective():
         (dict(axis_name="tp", schedule="tree"), "schedule must be one of"),
         (dict(axis_name="tp", schedule="fused"), "schedule='fused' runs the kernel on the GPU"),
         (dict(axis_name="tp", w_shape=(5, 8)), "x's columns (4) must equal w's rows (5)"),
-        (dict(axis_name="tp", bias_shape=(3,)), "bias must have shape (8,)"),
+        (dict(axis_name="tp", bias_shape=(3,)), "bias must have shape (N,) = (8,)"),
         (dict(axis_name="tp", x_shape=(4,)), "x and w must be 2-D"),
     ],
 )

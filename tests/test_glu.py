@@ -334,7 +334,7 @@ def test_gated_mlp_bad_input_names_the_argument():
   x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
   with pytest.raises(ValueError, match="shapes do not chain"):
     glu.gated_mlp(x, w, w, jnp.ones((15, 8), jnp.bfloat16))
-  with pytest.raises(ValueError, match=r"bias_down must have shape \(8,\)"):
+  with pytest.raises(ValueError, match=r"bias_down must have shape \(N,\) = \(8,\)"):
     glu.gated_mlp(x, w, w, w.T, bias_down=jnp.ones(16))
   with pytest.raises(ValueError, match=r"residual must have shape \(4, 8\)"):
     glu.gated_mlp(x, w, w, w.T, residual=jnp.ones((4, 16)))

@@ -1,6 +1,7 @@
 """The default config's time model (`pallas_gemm.heuristics`): fitted to the shipped
 calibration, valid everywhere, and no worse than the grid's best by much on the fit shapes."""
 
+import dataclasses
 import json
 import os
 import statistics
@@ -9,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from pallas_gemm import heuristics
-from pallas_gemm.config import GemmProblem
+from pallas_gemm.config import SMEM_LIMIT_BYTES, GemmConfig, GemmProblem, fit_stages
 
 CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "calibration")
 BOARDS = ("h100", "h200")
@@ -73,3 +74,28 @@ def test_default_config_is_valid_for_any_problem(m, n, k, dtype, transpose_a, tr
   config = heuristics.default_config(problem, num_sms=132)
   config.validate(problem)
   assert config in heuristics.candidates(problem, 132) or not heuristics.candidates(problem, 132)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    schedule=st.sampled_from(["cooperative", "pingpong"]),
+    tile=st.sampled_from([(64, 128), (128, 128), (128, 256), (64, 256)]),
+    max_stages=st.integers(1, 9),
+    residual=st.sampled_from([None, "bfloat16", "float32"]),
+)
+def test_fit_stages_gives_a_ring_the_schedule_takes(schedule, tile, max_stages, residual):
+  # The deepest ring that fits, of a depth the schedule runs (pingpong: even, >= 4).
+  problem = GemmProblem(m=4096, n=4096, k=4096, residual_dtype=residual)
+  base = GemmConfig(tile_m=tile[0], tile_n=tile[1], schedule=schedule)
+  try:
+    base.validate(problem)
+  except ValueError:
+    pass  # the tile itself may not suit the schedule; the ring depth is what is checked
+  config = fit_stages(base, problem, max_stages)
+  if schedule == "pingpong":
+    assert config.stages % 2 == 0 and config.stages >= 4
+  else:
+    assert 2 <= config.stages <= max(max_stages, 2)
+  deeper = dataclasses.replace(config, stages=config.stages + (2 if schedule == "pingpong" else 1))
+  if config.stages < max_stages - (schedule == "pingpong"):
+    assert deeper.smem_bytes(problem) > SMEM_LIMIT_BYTES or config.epilogue_tile == (64, 32)

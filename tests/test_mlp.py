@@ -180,7 +180,7 @@ def test_bad_input_names_the_argument():
     mlp(x, w1, w2, activation=None)
   with pytest.raises(ValueError, match="shapes do not chain"):
     mlp(x, w1, jnp.ones((15, 8)))
-  with pytest.raises(ValueError, match=r"b_in must have shape \(16,\)"):
+  with pytest.raises(ValueError, match=r"b_in must have shape \(N,\) = \(16,\)"):
     mlp(x, w1, w2, b_in=jnp.ones((8,)))
   with pytest.raises(ValueError, match="activation must be None, one of"):
     mlp(x, w1, w2, activation="tanh")
