@@ -3,6 +3,7 @@
     python -m benchmarks.blockwise_fp8                  # GPU: checks, then DeepSeek-V3 shapes
     python -m benchmarks.blockwise_fp8 --cpu-smoke      # no GPU: tiny shapes, interpret/XLA
     python -m benchmarks.blockwise_fp8 --grouped        # MoE: GxMxNxK, rows split among G experts
+    python -m benchmarks.blockwise_fp8 --nn             # jax.nn.scaled_matmul's API, 128 and 32 blocks
 
 Shapes are MxNxK, A (M, K) e4m3 with (1 x 128) scales, B (N, K) e4m3 with (128 x 128)
 scales (`quantize_blockwise` of N(0, 1) and N(0, 1/K) data). Contenders, interleaved
@@ -20,6 +21,9 @@ for pallas_gemm and for the per-tensor kernel on per-tensor-quantized data (the 
 bound: within 1.5x of it at K = 16384).
 Grouped (`--grouped`, `blockwise_ragged_dot`): M tokens split among G experts (a seeded
 multinomial), against XLA's dequantize + bf16 `lax.ragged_dot`.
+`--nn`: `pallas_gemm.nn_scaled_matmul` (its default, and the kernel forced) against
+`jax.nn.scaled_matmul` (XLA dequantizes on Hopper) on per-row blocks of 128 and of 32 (MXFP8)
+on both operands, power-of-two scales in float8_e8m0fnu.
 Targets: 4096x7168x16384 >= 1350 TFLOP/s; grouped >= 1200 TFLOP/s at the large shapes; >= 2.0x xla_dequant at M >= 1024; >= 0.93x
 per_tensor at 4096x7168x16384.
 """
@@ -38,9 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.matmul import cupti_times_ms, environment, parse_shapes
+import pallas_gemm
 from pallas_gemm import blockwise as bw
 from pallas_gemm import GemmProblem, scaled_matmul
 
+SCALE_BLOCK_K = bw.SCALE_BLOCK
 NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 """DeepSeek-V3's projection (N, K) pairs."""
 SHAPES = ",".join(["4096x7168x16384"] + [f"{m}x{n}x{k}" for m in (1024, 4096) for n, k in NK])
@@ -122,6 +128,38 @@ def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print)
     else:
       log(f"{case:22s} not checked: its f32 reference weights exceed {CHECK_BYTES >> 30} GiB")
     rows += _timed(case, dict(g=g, m=m, n=n, k=k), fns, args, rounds, iterations, timer, log)
+  return rows
+
+
+def nn_inputs(m, n, k, block, seed=0):
+  """jax.nn.scaled_matmul's operands: (1, M, K), (1, N, K) e4m3, E8M0 scales per row block."""
+  kx, kw = jax.random.split(jax.random.key(seed))
+  quantize = jax.jit(lambda v: bw.quantize_blockwise(v, (1, block), power_of_two=True))
+  xq, xs = quantize(jax.random.normal(kx, (m, k), jnp.float32))
+  wq, ws = quantize(jax.random.normal(kw, (n, k), jnp.float32) / k**0.5)
+  e8m0 = lambda s: s.astype(jnp.float8_e8m0fnu)[None]
+  return xq[None], wq[None], e8m0(xs), e8m0(ws)
+
+
+def run_nn(shapes, *, implementation, rounds, iterations, timer, log=print):
+  rows = []
+  for m, n, k in shapes:
+    for block in (SCALE_BLOCK_K, 32):
+      case = f"{m}x{n}x{k}/b{block}"
+      args = nn_inputs(m, n, k, block)
+      ours = lambda impl: jax.jit(
+          lambda *a: pallas_gemm.nn_scaled_matmul(*a, jnp.bfloat16, implementation=impl)
+      )
+      fns = {
+          "pallas_gemm": ours(None if implementation is None else implementation),
+          "jax_nn": jax.jit(lambda *a: jax.nn.scaled_matmul(*a, jnp.bfloat16)),
+      }
+      if implementation is None:
+        fns["kernel_forced"] = ours("pallas")
+      ref = np.asarray(jax.nn.scaled_matmul(*args, jnp.float32), np.float64)
+      err = float(np.linalg.norm(np.asarray(fns["pallas_gemm"](*args), np.float64) - ref))
+      log(f"{case:22s} rel. error vs jax.nn.scaled_matmul (f32): {err / np.linalg.norm(ref):.2e}")
+      rows += _timed(case, dict(m=m, n=n, k=k), fns, args, rounds, iterations, timer, log)
   return rows
 
 
@@ -208,26 +246,28 @@ def run(shapes, *, implementation, rounds, iterations, timer, log=print):
 
 
 def format_table(rows) -> str:
+  """Markdown: each contender's time, and each baseline's time over ours (> 1: ours faster)."""
   by_case = {}
   for row in rows:
     by_case.setdefault(row["case"], {})[row["contender"]] = row
   present = {r["contender"] for r in rows}
-  names = [n for n in ("pallas_gemm", "pallas_depth1", "xla_dequant", "per_tensor") if n in present]
+  order = ("pallas_gemm", "pallas_depth1", "kernel_forced", "xla_dequant", "jax_nn", "per_tensor")
+  names = [n for n in order if n in present]
+  baselines = [n for n in ("xla_dequant", "jax_nn", "per_tensor") if n in present]
   lines = [
       "| shape | "
       + " | ".join(f"{n} ms (TFLOP/s)" for n in names)
-      + " | xla_dequant / ours | ours / per_tensor |",
-      "|---" * (3 + len(names)) + "|",
+      + "".join(f" | {n} / ours" for n in baselines)
+      + " |",
+      "|---" * (1 + len(names) + len(baselines)) + "|",
   ]
   for case, cont in by_case.items():
     cells = [
         f"{cont[n]['median_ms']:.3f} ({cont[n]['tflops']:.0f})" if n in cont else "-" for n in names
     ]
     ours = cont["pallas_gemm"]["median_ms"]
-    ratio = lambda name: f"{cont[name]['median_ms'] / ours:.3f}" if name in cont else "-"
-    lines.append(
-        f"| {case} | " + " | ".join(cells) + f" | {ratio('xla_dequant')} | {ratio('per_tensor')} |"
-    )
+    ratios = [f"{cont[n]['median_ms'] / ours:.3f}" if n in cont else "-" for n in baselines]
+    lines.append(f"| {case} | " + " | ".join(cells + ratios) + " |")
   return "\n".join(lines)
 
 
@@ -248,6 +288,11 @@ def main(argv=None):
       action="store_true",
       help=f"time the grouped kernel on GxMxNxK shapes (default: {GROUPED_SHAPES})",
   )
+  parser.add_argument(
+      "--nn",
+      action="store_true",
+      help="jax.nn.scaled_matmul's API: nn_scaled_matmul against it, 128- and 32-blocks",
+  )
   parser.add_argument("--out", default=None, help="folder for blockwise_fp8.json")
   args = parser.parse_args(argv)
   if args.cpu_smoke or jax.default_backend() != "gpu":
@@ -262,7 +307,7 @@ def main(argv=None):
   if args.grouped:
     default = GROUPED_SMOKE if implementation == "interpret" else GROUPED_SHAPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in (args.shapes or default).split(",")]
-  rows = (run_grouped if args.grouped else run)(
+  rows = (run_grouped if args.grouped else run_nn if args.nn else run)(
       shapes,
       implementation=implementation,
       rounds=args.rounds,

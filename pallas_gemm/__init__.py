@@ -18,6 +18,7 @@ from pallas_gemm.blockwise import (
     blockwise_ragged_dot,
     blockwise_scaled_matmul,
     make_blockwise_fp8_dot_general,
+    nn_scaled_matmul,
     quantize_blockwise,
 )
 from pallas_gemm.config import GemmConfig, GemmProblem
@@ -60,6 +61,7 @@ __all__ = [
     "matmul",
     "matmul_reduce_scatter",
     "mlp",
+    "nn_scaled_matmul",
     "quantize_blockwise",
     "quantize_per_channel",
     "quantize_per_token",

@@ -43,7 +43,7 @@ SCALE_BLOCK = 128
 """K extent of a scale block (and of A's row blocks, B's square blocks) in the kernel."""
 
 
-def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
+def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn, *, power_of_two=False):
   """(x_q, scales): `x` (M, K) cast to fp8 block by block, with f32 scales of shape
   (cdiv(M, bm), cdiv(K, bk)) such that x ~= x_q * scales (each block's amax maps to
   the dtype's largest finite value; a partial last block uses its own amax; an
@@ -53,8 +53,15 @@ def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
   Args:
     x: (M, K) real array.
     block: (bm, bk) block shape: (1, 128) for activations, (128, 128) for weights,
-      (128, 1) for an operand contracted along its rows in the backward.
+      (128, 1) for an operand contracted along its rows in the backward; (1, 32) with
+      `power_of_two` for MXFP8.
     dtype: float8_e4m3fn or float8_e5m2.
+    power_of_two: round each scale up to a power of two (exact as float8_e8m0fnu, MX's
+      scale type: `scales.astype(jnp.float8_e8m0fnu)`); no block value then saturates.
+
+  >>> q, s = quantize_blockwise(jnp.full((1, 32), 3.0), (1, 32), power_of_two=True)
+  >>> float(s[0, 0]), float(q[0, 0])  # 3 / 448 rounded up to 2^-7
+  (0.0078125, 384.0)
   """
   dtype = jnp.dtype(dtype)
   if dtype.name not in FP8_DTYPES:
@@ -76,6 +83,8 @@ def quantize_blockwise(x, block=(1, SCALE_BLOCK), dtype=jnp.float8_e4m3fn):
   amax = epilogue_lib.block_abs_max(padded, axis=(1, 3))
   finite_max = float(jnp.finfo(dtype).max)
   scales = jnp.where(amax == 0, 1.0, amax / finite_max).astype(jnp.float32)  # NaN stays NaN
+  if power_of_two:
+    scales = jnp.exp2(jnp.ceil(jnp.log2(scales)))
   q = jnp.clip(padded / scales[:, None, :, None], -finite_max, finite_max).astype(dtype)
   return q.reshape(mb * bm, kb * bk)[:m, :k], scales
 
@@ -99,6 +108,7 @@ def blockwise_scaled_matmul(
     residual=None,
     config: GemmConfig | None = None,
     implementation: str | None = None,
+    block_k: int = SCALE_BLOCK,
 ):
   """act((a * a_scales) @ (b * b_scales)^T + bias) + residual, with A scaled per (1 x 128)
   block and B per (128 x 128) block, each K block's product scaled in f32 registers.
@@ -110,6 +120,9 @@ def blockwise_scaled_matmul(
     b_scales: f32 (cdiv(N, 128), cdiv(K, 128)) for (128 x 128) blocks, or (N, cdiv(K, 128))
       for per-row (1 x 128) blocks like A's (the weight gradient's layout); N <= 128 reads
       as (128 x 128) blocks.
+    block_k: the scale blocks' K extent: 128, or 32 (MXFP8: per-row blocks on both
+      operands, a_scales (M, cdiv(K, 32)) and b_scales (N, cdiv(K, 32)); one K step of 32
+      per block in the kernel).
     out_dtype: bf16, f16 or f32.
     bias: (N,) or None; activation: as `pallas_gemm.matmul`; residual: (M, N) or None.
     config: a `GemmConfig` (tile_k 128 and tile_n 128 for the kernel), or None.
@@ -131,19 +144,26 @@ def blockwise_scaled_matmul(
   (m, k), (n, kb_) = a.shape, b.shape
   if k != kb_:
     raise ValueError(f"a (M, K) and b (N, K) must share K: got {a.shape} and {b.shape}")
-  k_blocks = -(-k // SCALE_BLOCK)
+  if block_k not in (32, SCALE_BLOCK) or isinstance(block_k, bool):
+    raise ValueError(f"block_k must be 32 or {SCALE_BLOCK}, got {block_k!r}")
+  k_blocks = -(-k // block_k)
   if jnp.shape(a_scales) != (m, k_blocks):
     raise ValueError(
-        f"a_scales must have shape {(m, k_blocks)} (one scale per 1 x 128 block of a), "
+        f"a_scales must have shape {(m, k_blocks)} (one scale per 1 x {block_k} block of a), "
         f"got {jnp.shape(a_scales)}"
     )
   square = (-(-n // SCALE_BLOCK), k_blocks)
-  if jnp.shape(b_scales) not in (square, (n, k_blocks)):
+  if block_k == SCALE_BLOCK and jnp.shape(b_scales) not in (square, (n, k_blocks)):
     raise ValueError(
         f"b_scales must have shape {square} (one scale per 128 x 128 block of b) or "
         f"{(n, k_blocks)} (per 1 x 128 block), got {jnp.shape(b_scales)}"
     )
-  b_rows = SCALE_BLOCK if jnp.shape(b_scales) == square else 1
+  if block_k != SCALE_BLOCK and jnp.shape(b_scales) != (n, k_blocks):
+    raise ValueError(
+        f"b_scales must have shape {(n, k_blocks)} (one scale per 1 x {block_k} block of b), "
+        f"got {jnp.shape(b_scales)}"
+    )
+  b_rows = SCALE_BLOCK if block_k == SCALE_BLOCK and jnp.shape(b_scales) == square else 1
   gemm_lib.check_real(bias=bias, residual=residual)
   out_dtype = jnp.dtype(out_dtype).name
   if out_dtype not in ("bfloat16", "float16", "float32"):
@@ -159,19 +179,108 @@ def blockwise_scaled_matmul(
     implementation = "xla"
   if implementation == "xla":
     acc = jnp.matmul(
-        dequantize_blockwise(a, a_scales),
-        dequantize_blockwise(b, b_scales, (b_rows, SCALE_BLOCK)).T,
+        dequantize_blockwise(a, a_scales, (1, block_k)),
+        dequantize_blockwise(b, b_scales, (b_rows, block_k)).T,
         precision=jax.lax.Precision.HIGHEST,
     )
     pre = epilogue_lib.affine(spec, acc, bias=bias)
     return epilogue_lib.finish(spec, pre, residual=residual).astype(out_dtype)
   return _kernel_path(
-      a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residual, config, implementation
+      a, b, a_scales, b_scales, b_rows, block_k, spec, out_dtype, bias, residual, config,
+      implementation,
+  )  # fmt: skip
+
+
+def nn_scaled_matmul(
+    lhs,
+    rhs,
+    lhs_scales,
+    rhs_scales,
+    preferred_element_type=jnp.float32,
+    *,
+    implementation: str | None = None,
+):
+  """`jax.nn.scaled_matmul` (same arguments, same result) on the blockwise kernel where it
+  applies: fp8 operands whose per-row scale blocks span 128 (or, asked for, 32: MXFP8 with
+  E8M0 scales) K elements on both operands, and a bf16, f16 or f32 result. Hopper has no MX
+  hardware, so XLA dequantizes there; the kernel multiplies the fp8 bytes with WGMMA and
+  scales each block's product in registers. By default the kernel runs 128-blocks; 32-blocks
+  run XLA's path, which is faster on the H100 (scaling every 32-wide K step costs the kernel
+  more than XLA's dequantize pass: NOTES exp. 87), unless `implementation="pallas"`.
+  Anything else (other block sizes, fp4, differing blocks) runs `jax.nn.scaled_matmul`.
+
+  Args:
+    lhs: (B, M, K); rhs: (B, N, K).
+    lhs_scales: (B, M, K // block); rhs_scales: (B, N, K // block), any real dtype
+      (float8_e8m0fnu for MXFP8), applied in f32.
+    preferred_element_type: the result's dtype (default f32, as jax's).
+    implementation: None (the kernel for 128-blocks on a Hopper GPU, else
+      `jax.nn.scaled_matmul`), "pallas", "interpret" or "xla" (`jax.nn.scaled_matmul`).
+  Returns:
+    (B, M, N) of `preferred_element_type`.
+
+  >>> q, s = quantize_blockwise(jnp.ones((4, 64)), (1, 32), power_of_two=True)
+  >>> nn_scaled_matmul(q[None], q[None], s[None], s[None], implementation="xla")[0, 0, :2]
+  Array([64., 64.], dtype=float32)
+  """
+  if implementation not in gemm_lib.IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  lhs, rhs, lhs_scales, rhs_scales = map(jnp.asarray, (lhs, rhs, lhs_scales, rhs_scales))
+  for name, x in (
+      ("lhs", lhs),
+      ("rhs", rhs),
+      ("lhs_scales", lhs_scales),
+      ("rhs_scales", rhs_scales),
+  ):
+    if x.ndim != 3:
+      raise ValueError(f"{name} must be 3-D (B, rows, K or K blocks), got shape {x.shape}")
+  (batch, m, k), (batch_b, n, k_b) = lhs.shape, rhs.shape
+  if batch != batch_b or k != k_b:
+    raise ValueError(
+        f"lhs (B, M, K) and rhs (B, N, K) must share B and K: {lhs.shape}, {rhs.shape}"
+    )
+  for name, x, rows in (("lhs_scales", lhs_scales, m), ("rhs_scales", rhs_scales, n)):
+    if x.shape[:2] != (batch, rows) or x.shape[2] == 0 or k % x.shape[2]:
+      raise ValueError(
+          f"{name} must have shape (B, {rows}, K // block) with K = {k} a multiple of it, "
+          f"got {x.shape}"
+      )
+  block = k // lhs_scales.shape[2] if lhs_scales.shape[2] else 0
+  out_dtype = jnp.dtype(preferred_element_type)
+  kernel_case = (
+      lhs.dtype.name in FP8_DTYPES
+      and rhs.dtype.name in FP8_DTYPES
+      and rhs_scales.shape[2] == lhs_scales.shape[2]
+      and block in (32, SCALE_BLOCK)
+      and out_dtype.name in ("bfloat16", "float16", "float32")
   )
+  if implementation is None or implementation == "auto":
+    # 32-blocks: the kernel scales every 32-wide K step in registers and runs at 225-291
+    # TFLOP/s on the H100, XLA's dequantize + GEMM at 254-591 (NOTES exp. 87).
+    fast = _compat.on_hopper() and block == SCALE_BLOCK
+    implementation = "pallas" if fast else "xla"
+  if implementation == "xla" or not kernel_case or 0 in (batch, m, n, k):
+    return jax.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+  f32 = lambda x: x.astype(jnp.float32)
+  outs = [
+      blockwise_scaled_matmul(
+          lhs[i],
+          rhs[i],
+          f32(lhs_scales[i]),
+          f32(rhs_scales[i]),
+          out_dtype=out_dtype,
+          implementation=implementation,
+          block_k=block,
+      )
+      for i in range(batch)
+  ]
+  return jnp.stack(outs)
 
 
 def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> GemmConfig:
-  """`config`, or the default made blockwise-ready: tile_k 128 (the scale block),
+  """`config`, or the default made blockwise-ready: tile_k the scale block's K extent,
   tile_n 128 (one B scale block per tile and a 64-register sum beside the 64-register
   block accumulator), whole tiles, no cluster."""
   if config is not None:
@@ -181,7 +290,7 @@ def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
       cfg,
       tile_m=128,
       tile_n=SCALE_BLOCK,
-      tile_k=SCALE_BLOCK,
+      tile_k=problem.scale_block_k,
       wg_split="m",
       schedule="cooperative",
       cluster=(1, 1),
@@ -189,10 +298,12 @@ def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
       stream_k=False,
       epilogue_tile=(64, 64),
   )
-  return fit_stages(cfg, problem, 6)
+  return fit_stages(cfg, problem, 6 * SCALE_BLOCK // problem.scale_block_k)
 
 
-def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residual, config, impl):
+def _kernel_path(
+    a, b, a_scales, b_scales, b_rows, block_k, spec, out_dtype, bias, residual, config, impl
+):
   interpret = impl == "interpret"
   if interpret:  # B (N, K) is read through a transposed shared-memory view
     _compat.require_interpret_transposes(False, True)
@@ -209,6 +320,7 @@ def _kernel_path(a, b, a_scales, b_scales, b_rows, spec, out_dtype, bias, residu
       residual_dtype=None if residual is None else jnp.result_type(residual).name,
       block_scaled=True,
       b_scale_rows=b_rows,
+      scale_block_k=block_k,
   )
   cfg = block_config(problem, config)
   if interpret:

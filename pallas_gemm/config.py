@@ -72,6 +72,9 @@ class GemmProblem:
   b_scale_rows: int = 128
   """With `block_scaled`: B's scale blocks span 128 rows (weights) or 1 (per-row
   scales, as the weight gradient's second operand)."""
+  scale_block_k: int = 128
+  """With `block_scaled`: the K extent of a scale block, one K step (`tile_k`) each: 128
+  (DeepSeek-V3's blocks) or 32 (MXFP8's, per-row on both operands)."""
   residual_operands: int = 1
   """Residual arrays the epilogue loads per chunk: 2 for a gated unit's backward
   (its gate and up pre-activations, `EpilogueSpec.gated_slope`)."""
@@ -266,7 +269,8 @@ class GemmConfig:
       raise ValueError(f"GemmConfig.{field}={getattr(self, field)!r}: {msg}")
 
     if problem.block_scaled:  # blockwise fp8: one scale block per K step and per B tile
-      for field, want in (("tile_k", 128), ("tile_n", 128), ("split_k", 1), ("cluster", (1, 1))):
+      want_k = problem.scale_block_k
+      for field, want in (("tile_k", want_k), ("tile_n", 128), ("split_k", 1), ("cluster", (1, 1))):
         if getattr(self, field) != want:
           fail(field, f"a blockwise-scaled GEMM runs {field}={want!r}")
       if self.stream_k:
@@ -329,7 +333,8 @@ class GemmConfig:
       )
 
     span = smem.swizzle_span(problem.dtype, 128)
-    if self.tile_k % span:
+    narrow_blocks = problem.block_scaled and problem.scale_block_k < span  # MXFP8's 32-blocks
+    if self.tile_k % span and not narrow_blocks:
       fail("tile_k", f"must be a multiple of {span} ({problem.dtype}: one 128-byte swizzle span)")
     span = smem.swizzle_span(problem.dtype, min(smem.SWIZZLE_BYTES))  # MN-major tiles may narrow
     # An MN-major operand's tile (and each warpgroup's slice of it) must hold whole swizzle spans.
@@ -412,6 +417,14 @@ def _validate_dtypes(problem: GemmProblem) -> None:
   if problem.residual_dtype is not None and problem.residual_dtype not in ADDEND_DTYPES:
     raise ValueError(
         f"GemmProblem.residual_dtype={problem.residual_dtype!r}: use one of {ADDEND_DTYPES}"
+    )
+  if problem.block_scaled and (
+      problem.scale_block_k not in (32, 128)
+      or (problem.scale_block_k != 128 and problem.b_scale_rows != 1)
+  ):
+    raise ValueError(
+        f"GemmProblem.scale_block_k={problem.scale_block_k!r}: use 128, or 32 with per-row "
+        f"B scales (b_scale_rows=1; got {problem.b_scale_rows})"
     )
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_gemm
 from pallas_gemm import blockwise as bw
 from pallas_gemm import compile_once
 from pallas_gemm.config import GemmConfig
@@ -195,6 +196,93 @@ def test_bad_input_names_the_argument():
     bw.blockwise_scaled_matmul(
         xq, wq, xs, ws, implementation="pallas", config=GemmConfig(tile_k=128, tile_n=256)
     )
+
+
+# -- MXFP8: 32-wide K blocks, power-of-two (E8M0) scales, per row on both operands ---------
+def _mx_operands(m, n, k, seed=0, dtypes=(E4M3, E4M3)):
+  x = _normal((m, k), seed=seed)
+  w = _normal((n, k), k**-0.5, seed=seed + 1)
+  xq, xs = bw.quantize_blockwise(x, (1, 32), dtypes[0], power_of_two=True)
+  wq, ws = bw.quantize_blockwise(w, (1, 32), dtypes[1], power_of_two=True)
+  return xq, wq, xs, ws
+
+
+def _mx_reference(xq, wq, xs, ws):
+  a = np.asarray(bw.dequantize_blockwise(xq, xs, (1, 32)), np.float64)
+  return a @ np.asarray(bw.dequantize_blockwise(wq, ws, (1, 32)), np.float64).T
+
+
+def test_power_of_two_scales_are_exact_in_e8m0_and_never_saturate():
+  x = _normal((5, 100), 37.0, seed=20)
+  q, s = bw.quantize_blockwise(x, (1, 32), power_of_two=True)
+  assert np.array_equal(np.asarray(s.astype(jnp.float8_e8m0fnu).astype(jnp.float32)), np.asarray(s))
+  assert float(jnp.max(jnp.abs(q.astype(jnp.float32)))) <= 448.0
+  back = bw.dequantize_blockwise(q, s, (1, 32))
+  assert _rel(back, x) < 4e-2  # e4m3's 3 mantissa bits
+
+
+@pytest.mark.parametrize(
+    "implementation", ["xla", pytest.param("interpret", marks=needs_transposes)]
+)
+def test_mxfp8_blocks_match_float64(implementation):
+  # 200 x 136 x 300: partial tiles, and a last 32-block of 12 columns
+  xq, wq, xs, ws = _mx_operands(200, 136, 300, seed=21)
+  y = bw.blockwise_scaled_matmul(
+      xq, wq, xs, ws, out_dtype=jnp.float32, block_k=32, implementation=implementation
+  )
+  assert _rel(y, _mx_reference(xq, wq, xs, ws)) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "implementation", ["xla", pytest.param("interpret", marks=needs_transposes)]
+)
+def test_nn_scaled_matmul_is_jax_nn_scaled_matmul(implementation):
+  # jax.nn.scaled_matmul's arguments: (B, M, K) and (B, N, K) fp8, E8M0 scales per 32
+  operands = [_mx_operands(70, 40, 96, seed=22 + i) for i in range(2)]
+  lhs, rhs, ls, rs = (jnp.stack([o[j] for o in operands]) for j in range(4))
+  ls, rs = ls.astype(jnp.float8_e8m0fnu), rs.astype(jnp.float8_e8m0fnu)
+  want = jax.nn.scaled_matmul(lhs, rhs, ls, rs, preferred_element_type=jnp.float32)
+  got = pallas_gemm.nn_scaled_matmul(lhs, rhs, ls, rs, implementation=implementation)
+  assert got.shape == (2, 70, 40) and got.dtype == jnp.float32
+  ref = np.stack([_mx_reference(*o) for o in operands])
+  assert _rel(got, ref) < 1e-6 and _rel(want, ref) < 1e-5
+
+
+def test_nn_scaled_matmul_bad_input_names_the_argument():
+  lhs, rhs = jnp.ones((1, 4, 64), E4M3), jnp.ones((1, 8, 64), E4M3)
+  scales = lambda rows, blocks: jnp.ones((1, rows, blocks), jnp.float32)
+  with pytest.raises(ValueError, match="lhs must be 3-D"):
+    pallas_gemm.nn_scaled_matmul(lhs[0], rhs, scales(4, 2), scales(8, 2))
+  with pytest.raises(ValueError, match="must share B and K"):
+    pallas_gemm.nn_scaled_matmul(lhs, rhs[:, :, :32], scales(4, 2), scales(8, 1))
+  with pytest.raises(ValueError, match=r"rhs_scales must have shape \(B, 8, K // block\)"):
+    pallas_gemm.nn_scaled_matmul(lhs, rhs, scales(4, 2), scales(8, 3))
+  with pytest.raises(ValueError, match="block_k must be 32 or 128"):
+    bw.blockwise_scaled_matmul(lhs[0], rhs[0], scales(4, 1)[0], scales(8, 1)[0], block_k=64)
+  with pytest.raises(ValueError, match=r"b_scales must have shape \(8, 2\)"):
+    bw.blockwise_scaled_matmul(lhs[0], rhs[0], scales(4, 2)[0], scales(1, 2)[0], block_k=32)
+
+
+def test_mxfp8_lowers_for_cuda():
+  m, n, k = 4096, 7168, 7168
+  f8 = jax.ShapeDtypeStruct
+  args = (
+      f8((m, k), E4M3),
+      f8((n, k), E4M3),
+      f8((m, k // 32), jnp.float32),
+      f8((n, k // 32), jnp.float32),
+  )
+  f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, block_k=32, implementation="pallas"))
+  text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
+  assert compile_once.module_kernel_count(text) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [7168, 7168 + 48])
+def test_mxfp8_on_the_gpu_against_float64(k):
+  xq, wq, xs, ws = _mx_operands(1000, 2112, k, seed=23)
+  y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32, block_k=32)
+  assert _rel(y, _mx_reference(xq, wq, xs, ws)) < 1e-3
 
 
 @pytest.mark.gpu
