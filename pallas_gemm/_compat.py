@@ -179,6 +179,10 @@ def require_hopper(what: str) -> None:
 # (jax-ml/jax#38859); 0.10.2 requires equal operand dtypes.
 SUPPORTS_MIXED_FP8 = JAX_VERSION >= (0, 11, 0)
 
+# `jax.nn.scaled_matmul` lowers on the CPU from jax 0.11 (0.10.2: "MLIR translation rule for
+# primitive 'scaled_matmul' not found for platform cpu").
+SCALED_MATMUL_ON_CPU = JAX_VERSION >= (0, 11, 0)
+
 
 def load_registers(ref, layout, *, optimized: bool = False):
   """`ref` (SMEM or GMEM) read into registers in `layout`: element by element, or

@@ -261,9 +261,11 @@ def nn_scaled_matmul(
     # TFLOP/s on the H100, XLA's dequantize + GEMM at 254-591 (NOTES exp. 87).
     fast = _compat.on_hopper() and block == SCALE_BLOCK
     implementation = "pallas" if fast else "xla"
-  if implementation == "xla" or not kernel_case or 0 in (batch, m, n, k):
+  if not kernel_case or 0 in (batch, m, n, k):
     return jax.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
-  f32 = lambda x: x.astype(jnp.float32)
+  if implementation == "xla" and (_compat.SCALED_MATMUL_ON_CPU or jax.default_backend() != "cpu"):
+    return jax.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+  f32 = lambda x: x.astype(jnp.float32)  # below, "xla": the dequantized f32 product
   outs = [
       blockwise_scaled_matmul(
           lhs[i],
