@@ -75,7 +75,7 @@ class GemmCall:
 
 def gemm(call: GemmCall, a, b, **operands):
   """What `pallas_gemm.gemm.gemm` computes for `call` and these arrays; `operands`: the
-  epilogue's, by name (`operands.PUBLIC`: bias, c, row_bias, residual, scalar)."""
+  epilogue's, by name (`operands.PUBLIC`: bias, row_bias, c, residual, scalar)."""
   unknown = sorted(set(operands) - set(PUBLIC))
   if unknown:
     raise TypeError(f"gemm takes the epilogue operands {list(PUBLIC)}, got {unknown}")

@@ -32,10 +32,10 @@ import numpy as np
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import route
-from pallas_gemm.operands import OPERANDS
 from pallas_gemm import smem
 from pallas_gemm.tma_padding import pad_last2, round_up, tma_operand_cols, tma_rows
 from pallas_gemm import split_k
+from pallas_gemm.operands import OPERANDS
 from pallas_gemm.config import (
     FP8_DTYPES,
     INT_DTYPES,
@@ -515,8 +515,9 @@ def residual_cols(dtype, cols, config):
 
 def kernel_layout(name, x, problem, config, rows, cols):
   """Epilogue operand `name` as the kernel reads it, for an output the kernel writes
-  (rows, cols) wide: vectors in f32, zero-padded to whole (cluster) tiles; c in the
-  output dtype and the residual padded like the output (`residual_cols`)."""
+  (rows, cols) wide: vectors in f32, zero-padded to whole (cluster) tiles; tiles padded like
+  the output, `c` (a scaled addend) in the output dtype, the residual in its own and as
+  wide as TMA can load it (`residual_cols`)."""
   kind = OPERANDS[name].kind
   if kind.vector:
     extent = (
@@ -525,7 +526,7 @@ def kernel_layout(name, x, problem, config, rows, cols):
         else round_up(rows, config.tile_m * config.cluster[0])
     )
     return pad_last2(x.astype(jnp.float32)[None], 1, extent)[0]
-  if name == "c":
+  if OPERANDS[name].role == "scaled addend":
     return pad_last2(x.astype(problem.out_dtype), rows, cols)
   return pad_last2(x, rows, residual_cols(x.dtype, cols, config))
 
