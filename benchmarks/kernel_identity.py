@@ -37,6 +37,13 @@ _USER_EPILOGUE = with_operands(
 )
 
 
+def _mx(x, w):
+  """MXFP8 operands of x (M, K) and w (N, K) in `jax.nn.scaled_matmul`'s (1, rows, K) form."""
+  quantize = lambda v: pallas_gemm.quantize_blockwise(v, (1, 32), power_of_two=True)
+  (xq, xs), (wq, ws) = quantize(x), quantize(w)
+  return xq[None], wq[None], xs[None], ws[None]
+
+
 def _blockwise(config=None):
   def f(x, w):
     xq, xs = pallas_gemm.quantize_blockwise(x)
@@ -109,6 +116,12 @@ def variants():
           [_bf16(512, 256), _bf16(512, 256), _f32(512), _f32(512)],
       ),
       "blockwise fp8": (_blockwise(), [_bf16(512, 512), _bf16(512, 512)]),
+      "mxfp8 32-blocks": (
+          lambda x, w: pallas_gemm.nn_scaled_matmul(
+              *_mx(x, w), jnp.bfloat16, implementation="pallas"
+          ),
+          [_bf16(512, 512), _bf16(512, 512)],
+      ),
       "blockwise fp8 pingpong": (
           _blockwise(GemmConfig(tile_m=64, tile_n=128, tile_k=128, schedule="pingpong")),
           [_bf16(512, 512), _bf16(512, 512)],
