@@ -406,14 +406,13 @@ def _gemm_into(call, x, y, transpose_x, transpose_y, grad):
       autotune=call.autotune,
   )
   batch = x.shape[:-2] or y.shape[:-2]
-  gemm = _linear
   if batch == grad.shape[:-2]:
-    out = gemm(linear, x, y)
+    out = _linear(linear, x, y)
   elif transpose_x and not transpose_y:
     # The contracting dim is second-minor in both: the batch folds into it.
-    out = gemm(linear, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
+    out = _linear(linear, x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1]))
   else:
-    out = _sum_leading(gemm(linear.product(), x, y), grad)
+    out = TILE.cotangent(_linear(linear.product(), x, y), grad.shape)  # batch dims summed
   return _cast(out, grad)
 
 
@@ -484,11 +483,6 @@ def column_sums(call, x):
   ones = jnp.ones((1, rows.shape[0]), x.dtype)
   linear = GemmCall(out_dtype="float32", implementation=call.implementation, autotune=call.autotune)
   return _linear(linear, ones, rows)[0]
-
-
-def _sum_leading(x, grad):
-  """`x` summed in f32 over the leading dims that `grad`'s shape lacks."""
-  return jnp.sum(x, axis=tuple(range(x.ndim - len(grad.shape))), dtype=jnp.float32)
 
 
 def _cast(x, grad):

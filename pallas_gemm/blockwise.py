@@ -247,7 +247,7 @@ def nn_scaled_matmul(
           f"{name} must have shape (B, {rows}, K // block) with K = {k} a multiple of it, "
           f"got {x.shape}"
       )
-  block = k // lhs_scales.shape[2] if lhs_scales.shape[2] else 0
+  block = k // lhs_scales.shape[2]
   out_dtype = jnp.dtype(preferred_element_type)
   kernel_case = (
       lhs.dtype.name in FP8_DTYPES
@@ -265,13 +265,12 @@ def nn_scaled_matmul(
     return jax.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
   if implementation == "xla" and (_compat.SCALED_MATMUL_ON_CPU or jax.default_backend() != "cpu"):
     return jax.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
-  f32 = lambda x: x.astype(jnp.float32)  # below, "xla": the dequantized f32 product
-  outs = [
+  outs = [  # "xla" here: the dequantized f32 product
       blockwise_scaled_matmul(
           lhs[i],
           rhs[i],
-          f32(lhs_scales[i]),
-          f32(rhs_scales[i]),
+          lhs_scales[i],
+          rhs_scales[i],
           out_dtype=out_dtype,
           implementation=implementation,
           block_k=block,

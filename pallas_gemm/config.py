@@ -247,7 +247,7 @@ class GemmConfig:
         ((self.stages, self.tile_k, self.tile_n), problem.dtype_b),
         (slots, problem.out_dtype),
         *(  # the vector operands, staged per tile (`operands.VECTORS`)
-            ((2, wn if OPERANDS[name].kind.axes == "n" else wm), "float32")
+            ((2, OPERANDS[name].kind.along(wm, wn)), "float32")
             for name in operands.present(problem)
             if name in operands.VECTORS
         ),

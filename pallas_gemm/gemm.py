@@ -520,10 +520,9 @@ def kernel_layout(name, x, problem, config, rows, cols):
   wide as TMA can load it (`residual_cols`)."""
   kind = OPERANDS[name].kind
   if kind.vector:
-    extent = (
-        round_up(cols, config.tile_n * config.cluster[1])
-        if kind.axes == "n"
-        else round_up(rows, config.tile_m * config.cluster[0])
+    extent = kind.along(
+        round_up(rows, config.tile_m * config.cluster[0]),
+        round_up(cols, config.tile_n * config.cluster[1]),
     )
     return pad_last2(x.astype(jnp.float32)[None], 1, extent)[0]
   if OPERANDS[name].role == "scaled addend":

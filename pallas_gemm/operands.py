@@ -28,6 +28,7 @@ ValueError: row_bias must have shape (M,) = (4,), got (3,)
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -47,6 +48,17 @@ class Kind:
   def vector(self) -> bool:
     """A vector staged per tile in shared memory (the kernel's column or row vector)."""
     return len(self.axes) == 1
+
+  def along(self, m, n):
+    """Of two values for the M and the N direction, the one a vector of this kind runs
+    along (its extent, start, broadcast dim, ...).
+
+    >>> COLUMN.along("rows", "cols"), ROW.along("rows", "cols")
+    ('cols', 'rows')
+    """
+    if not self.vector:
+      raise ValueError(f"a {self.name} runs along no single direction")
+    return n if self.axes == "n" else m
 
   def shape_rule(self, m: int, n: int, batch_shape=()) -> str:
     """The allowed shapes, as an error message states them."""
@@ -94,11 +106,8 @@ class Kind:
     >>> ROW.folded(jnp.arange(2.0), (3,), 2, 5).tolist()
     [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     """
-    copies = 1
-    for extent in batch_shape:
-      copies *= extent
     if self.axes == "m":
-      return jnp.tile(x, copies)
+      return jnp.tile(x, math.prod(batch_shape))
     if self.axes == "mn":
       return jnp.broadcast_to(x, (*batch_shape, m, n)).reshape(-1, n)
     return x

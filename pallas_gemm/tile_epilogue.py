@@ -83,7 +83,7 @@ def scratch(
   staged = {}
   for name in operands.VECTORS:
     present = name in vectors
-    extent = wn if OPERANDS[name].kind.axes == "n" else wm
+    extent = OPERANDS[name].kind.along(wm, wn)
     staged[f"{name}_smem"] = plgpu.SMEM((2, extent), jnp.float32) if present else None
     staged[f"{name}_loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=2) if present else None
   return dict(
@@ -105,9 +105,8 @@ def scratch(
 def _vector_chunk(name, staged, wg, i, j, em, en):
   """Operand `name`'s slice for epilogue chunk (i, j) of a warpgroup tile, from its
   staged vector, broadcast to the (em, en) chunk as its kind lines up."""
-  if OPERANDS[name].kind.axes == "n":
-    return lax.broadcast_in_dim(staged[wg, pl.ds(j * en, en)], (em, en), (1,))
-  return lax.broadcast_in_dim(staged[wg, pl.ds(i * em, em)], (em, en), (0,))
+  start, size, dim = OPERANDS[name].kind.along((i * em, em, 0), (j * en, en, 1))
+  return lax.broadcast_in_dim(staged[wg, pl.ds(start, size)], (em, en), (dim,))
 
 
 def build_store_only(p, wg, *, out_gmem, out_smem) -> TileEpilogue:
@@ -172,7 +171,7 @@ def build(
   def stage_vectors(batch_idx, row0, col0):
     """Per-column and per-row vectors of this warpgroup's tile, loaded during the K loop."""
     for name in present:
-      start, extent = (col0, wn) if OPERANDS[name].kind.axes == "n" else (row0, wm)
+      start, extent = OPERANDS[name].kind.along((row0, wm), (col0, wn))
       plgpu.copy_gmem_to_smem(
           vectors[name].at[pl.ds(start, extent)],
           staged[f"{name}_smem"].at[wg],
