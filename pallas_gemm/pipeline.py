@@ -182,6 +182,63 @@ class Ring:
       plgpu.wgmma_wait(0)
       plgpu.barrier_arrive(self.consumed.at[slot])
 
+  def mma_register_operand(
+      self, acc, step0, k_begin, k_end, convert: Callable, smem_operand: Callable
+  ) -> None:
+    """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (Python ints), where
+    `a = convert(k, *stage_views)` is a register operand made from the stage (a
+    mixed-type GEMM's dequantized weights) and `b = smem_operand(k, *stage_views)`.
+
+    Each step's WGMMA is issued behind the previous one's, and the next step converts
+    while both run; waiting for all but the newest WGMMA then retires the previous step
+    and releases its stage. The steps alternate between two register operands (the
+    loop is unrolled by two, so that each is its own register in the program): a
+    convert only ever writes registers whose last WGMMA has retired. Written the
+    obvious way, with one operand carried through the loop, the convert writes the
+    registers an in-flight WGMMA reads, and ptxas serializes every WGMMA of the kernel
+    (its warning C7513; NOTES exp. 88).
+    """
+
+    def views(k):
+      slot = self.slot(step0 + k - k_begin)
+      return slot, tuple(buffer.at[slot] for buffer in self.buffers)
+
+    def ready(k):
+      slot, stage = views(k)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      return convert(k, *stage)
+
+    def issue(k, a):
+      """Step k's WGMMA behind the previous step's; then that one retires."""
+      _, stage = views(k)
+      plgpu.wgmma(acc, a, smem_operand(k, *stage))
+      plgpu.wgmma_wait(1)
+
+      def release_previous():
+        plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k - 1 - k_begin)])
+
+      if not isinstance(k, int):
+        pl.when(k > k_begin)(release_previous)
+      elif k > k_begin:
+        release_previous()
+
+    def pair(i, a_even):
+      k = k_begin + 2 * i
+      issue(k, a_even)
+      a_odd = ready(k + 1)
+      issue(k + 1, a_odd)
+      return ready(k + 2)
+
+    count = k_end - k_begin
+    pairs = (count - 1) // 2  # each followed by at least one step to convert
+    a = lax.fori_loop(0, pairs, pair, ready(k_begin))
+    k = k_begin + 2 * pairs
+    issue(k, a)
+    if count - 2 * pairs == 2:
+      issue(k + 1, ready(k + 1))
+    plgpu.wgmma_wait(0)
+    plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + count - 1)])
+
   def mma_promoted(
       self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable, depth: int = 2
   ):

@@ -43,11 +43,12 @@ from pallas_gemm.config import tiles
 from pallas_gemm.tma_padding import round_up, tma_rows
 
 IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
-KERNEL_MAX_M = 256
+KERNEL_MAX_M = 2048
 """Auto routing: above this many tokens XLA's GEMM on dequantized weights is used
-(the tensor cores, not the weight bytes, set the time there). Measured on the H200
-(NOTES exp. 75), int4 x (M, 4096) x 14336: at M = 128 the kernel 51-57 us against the
-XLA route's 109-113, at 256 93-108 against 120-121, at 2048 732 against 366."""
+(its dequantization pass is a small share of the GEMM there). Measured on the H100
+(NOTES exp. 88), int4 G128, (M, 4096) x 14336 and (M, 14336) x 4096: the kernel's
+prefill config 351 / 362 us at M = 2048 against the XLA route's 368 / 367, 705 / 720
+at 4096 against 677 / 657."""
 INTERPRET_NUM_SMS = 2
 
 
@@ -195,21 +196,46 @@ STEP_US = 0.55
 NOTES exp. 67): the kernel is bound by its consumers' convert-and-multiply latency."""
 PARTIAL_BYTES_PER_US = 3.0e6
 """HBM rate at which XLA's fusion writes and reads the f32 split-K partials."""
+DECODE_MAX_M = 64
+"""Up to this many tokens the group scales multiply each step's product (decode);
+above, they multiply the converted weights (scale_on="weights")."""
+
+
+def prefill_step_us(tile_m: int) -> float:
+  """Measured time of one ring step (128 weight rows x 64 K, `tile_m` tokens) of the
+  scale_on="weights" register pipeline per CTA: a fixed ~0.38 us plus the tensor-core
+  time, which grows with the tokens (H100, NOTES exp. 88: 0.50-0.57 us at 128 tokens,
+  0.66-0.70 at 256).
+
+  >>> round(prefill_step_us(128), 2), round(prefill_step_us(256), 2)
+  (0.53, 0.69)
+  """
+  return 0.38 + 0.0012 * tile_m
 
 
 def default_config(
     problem: kernel_lib.WeightOnlyProblem, num_sms: int, dequant: str = "registers"
 ) -> kernel_lib.WeightOnlyConfig:
-  """Tiles for the weight-only kernel: the narrowest token tile that holds M, the widest
-  K step one scale group allows, 128 weight rows per warpgroup for decode, split-K
-  chosen by a small time model (waves x steps per item, plus the f32 partials that
-  XLA sums), and the deepest ring that fits.
+  """Tiles for the weight-only kernel.
+
+  Decode (M <= DECODE_MAX_M): the narrowest token tile that holds M, the widest K
+  step one scale group allows, 128 weight rows per warpgroup, group scales on each
+  step's product. Prefill: 128 to 256 tokens per tile, 64 weight rows per warpgroup,
+  64-wide K steps, scales on the weights. Either way split-K is chosen by a small time
+  model (waves x steps per item, plus the f32 partials that XLA sums); without
+  split-K, a 16-bit output is finished and stored by the kernel ("tile"). The ring
+  is the deepest that fits.
 
   >>> p = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
   >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.rows_per_wg, c.split_k)
   (16, 128, 128, 8)
+  >>> c = default_config(dataclasses.replace(p, m=2048, n=14336, k=4096), 132)
+  >>> (c.tile_m, c.tile_k, c.scale_on, c.split_k, c.output)
+  (256, 64, 'weights', 1, 'tile')
   """
-  tile_m = next((t for t in (16, 32, 64) if t >= problem.m), 128)
+  if problem.m > DECODE_MAX_M:
+    return _prefill_config(problem, num_sms, dequant)
+  tile_m = next(t for t in (16, 32, 64) if t >= problem.m)
   tile_k = next(
       t
       for t in (256, 128, 64)
@@ -218,20 +244,57 @@ def default_config(
       and (t <= 128 or problem.bits == 4)
   )
   rows = 128 if tile_m <= 32 and tile_k <= 128 else 64
-  k_steps = tiles(problem.k, tile_k)
   items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
   step_us = STEP_US * (rows / 64) * (tile_k / 128) * problem.bits / 4
-  partial_us = problem.n * tiles(problem.m, tile_m) * tile_m * 8 / PARTIAL_BYTES_PER_US
-  best, split_k = None, 1
-  for splits in range(1, min(16, k_steps) + 1):
-    cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * step_us
-    cost += (splits > 1) * splits * partial_us
-    if best is None or cost < best:
-      best, split_k = cost, splits
+  split_k = _split_k(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
   )
   return deepest_ring(_rows_that_fit(config, problem), problem)
+
+
+def _prefill_config(problem, num_sms, dequant):
+  """The scale_on="weights" config of the fastest (token tile, split-K) pair by the model."""
+  best = None
+  for tile_m in kernel_lib.TILE_M[3:]:  # 128 to 256 tokens
+    if tile_m > round_up(problem.m, 32) and tile_m > 128:
+      break
+    items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * 64)
+    step_us = prefill_step_us(tile_m)
+    k_steps = tiles(problem.k, 64)
+    split_k = _split_k(problem, items, k_steps, step_us, tile_m, num_sms)
+    cost = _cost(problem, items, k_steps, step_us, tile_m, num_sms, split_k)
+    if best is None or cost < best[0]:
+      best = cost, tile_m, split_k
+  _, tile_m, split_k = best
+  tile = split_k == 1 and problem.out_dtype in kernel_lib.ACTIVATION_DTYPES
+  config = kernel_lib.WeightOnlyConfig(
+      tile_m=tile_m,
+      tile_k=64,
+      stages=2,
+      split_k=split_k,
+      dequant=dequant,
+      rows_per_wg=64,
+      scale_on="weights",
+      output="tile" if tile else "partials",
+  )
+  return deepest_ring(config, problem)
+
+
+def _cost(problem, items, k_steps, step_us, tile_m, num_sms, splits):
+  """Modelled us: waves x steps per item x step time, plus the f32 partials' round trip."""
+  partial_us = problem.n * tiles(problem.m, tile_m) * tile_m * 8 / PARTIAL_BYTES_PER_US
+  cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * step_us
+  return cost + (splits > 1) * splits * partial_us
+
+
+def _split_k(problem, items, k_steps, step_us, tile_m, num_sms) -> int:
+  """The split-K count (1-16) of the least modelled time."""
+  costs = {
+      splits: _cost(problem, items, k_steps, step_us, tile_m, num_sms, splits)
+      for splits in range(1, min(16, k_steps) + 1)
+  }
+  return min(costs, key=costs.get)
 
 
 def _rows_that_fit(config, problem):
@@ -255,6 +318,8 @@ def _kernel_fits(problem: kernel_lib.WeightOnlyProblem) -> str | None:
   """Why the kernel cannot run this problem (None: it can)."""
   if problem.k % 256:
     return f"K={problem.k} is not a multiple of 256 (TMA's swizzled rows of both operands)"
+  if problem.n % 8:
+    return f"N={problem.n} is not a multiple of 8 (TMA's rows of the (N, K) weight)"
   if not problem.per_channel and problem.group_size % 64:
     return f"group_size={problem.group_size} is not a multiple of 64 (one scale row per K step)"
   return None
@@ -336,25 +401,31 @@ def quantized_matmul(
     if activation is None and bias is None:  # cuBLAS writes the output dtype itself
       return jnp.matmul(x2, w, preferred_element_type=out_dtype).reshape(*lead, n)
     acc = jnp.matmul(x2, w, preferred_element_type=jnp.float32)
-  else:
-    acc = _kernel_product(x2, qw, problem, config, interpret=implementation == "interpret")
-  y = epilogue_lib.apply(
-      epilogue_lib.EpilogueSpec(activation=activation),
-      acc,
-      bias=None if bias is None else jnp.asarray(bias, jnp.float32)[None],
+    y = epilogue_lib.apply(
+        epilogue_lib.EpilogueSpec(activation=activation),
+        acc,
+        bias=None if bias is None else jnp.asarray(bias, jnp.float32)[None],
+    )
+    return y.astype(out_dtype).reshape(*lead, n)
+  problem = dataclasses.replace(
+      problem, out_dtype=out_dtype.name, bias=bias is not None, activation=activation
   )
+  y = _kernel_matmul(x2, qw, bias, problem, config, interpret=implementation == "interpret")
   return y.astype(out_dtype).reshape(*lead, n)
 
 
-def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool):
-  """x @ dequantize(qw) in f32 (M, N) through the kernel: per-group scales in it,
-  per-channel scales (and zero points) applied to its summed partials here."""
+def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: bool):
+  """act(x @ dequantize(qw) + bias) (M, N) through the kernel. With the "partials"
+  output, per-group scales are applied in it, and per-channel scales (and zero points),
+  bias and activation to its summed partials here; with "tile" all of it in the kernel."""
   if interpret:
     num_sms = INTERPRET_NUM_SMS
   else:
     _compat.require_hopper("pallas_gemm.quantized_matmul (implementation='pallas')")
     num_sms = _compat.device_sm_count()
   config = config or default_config(problem, num_sms or kernel_lib.DEFAULT_NUM_SMS)
+  tile_output = config.output == "tile"
+  on_weights = config.scale_on == "weights"
   if interpret:  # no register operand there, and no zero fill past K: whole splits
     k_steps = tiles(problem.k, config.tile_k)
     split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
@@ -367,7 +438,7 @@ def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool)
     n_rows = round_up(n, config.tile_n)
     values = jnp.pad(values, ((0, n_rows - n), (0, 0)))
   group_scales = group_zeros = None
-  if not problem.per_channel:
+  if not problem.per_channel or on_weights:
     group_scales = qw.scales.astype(x.dtype)
     if qw.zeros is not None:  # the kernel adds -zero to q, then scales
       group_zeros = (-qw.zeros).astype(x.dtype)
@@ -375,25 +446,35 @@ def _kernel_product(x, qw: QuantizedWeight, problem, config, *, interpret: bool)
       pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[0] - n)))
       group_scales = pad(group_scales)
       group_zeros = None if group_zeros is None else pad(group_zeros)
-  partials = kernel_lib.weight_only_gemm(
+  kernel_bias = None
+  if tile_output and bias is not None:  # read by whole warpgroup rows: padded to tile_n
+    kernel_bias = jnp.asarray(bias, jnp.float32)
+    kernel_bias = jnp.pad(kernel_bias, (0, round_up(n, config.tile_n) - n))
+  out = kernel_lib.weight_only_gemm(
       x_in,
       values,
       group_scales,
       group_zeros,
+      kernel_bias,
       problem=dataclasses.replace(problem, m=x_in.shape[0], n=values.shape[0]),
       config=config,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
       num_sms=num_sms,
   )
-  acc = partials.sum(axis=0)[:n, : problem.m].T  # (M, N) f32
-  if problem.per_channel:
+  if tile_output:
+    return out[: problem.m, :n]
+  acc = out.sum(axis=0)[:n, : problem.m].T  # (M, N) f32
+  if problem.per_channel and not on_weights:
     scale = qw.scales[0].astype(jnp.float32)
     if qw.zeros is not None:
       row_sums = x.astype(jnp.float32).sum(axis=1, keepdims=True)
       acc = acc - row_sums * qw.zeros[0].astype(jnp.float32)
     acc = acc * scale
-  return acc
-
+  return epilogue_lib.apply(
+      epilogue_lib.EpilogueSpec(activation=problem.activation),
+      acc,
+      bias=None if bias is None else jnp.asarray(bias, jnp.float32)[None],
+  )
 
 __all__ = [
     "QuantizedWeight",

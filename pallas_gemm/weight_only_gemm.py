@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 from jax import lax
@@ -41,13 +40,22 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import pipeline
 from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
 from pallas_gemm.smem import LIMIT_BYTES as SMEM_BYTES
+from pallas_gemm.tma_padding import round_up
 
 BITS = (4, 8)
 DEQUANT = ("registers", "smem")
+SCALE_ON = ("product", "weights")
+OUTPUTS = ("partials", "tile")
 ACTIVATION_DTYPES = ("bfloat16", "float16")
+TILE_M = (16, 32, 64, 128, 160, 192, 224, 256)
+"""Token tiles (WGMMA's N): 32-token steps from 128 so that few tokens are padding."""
+PARTIAL_COLS = 128
+"""Widest f32 partial-sum store (tokens): its (rows, <= 128) SMEM slot, not a whole
+256-token tile, leaves room for the ring."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +63,9 @@ class WeightOnlyProblem:
   """out (M, N) = x (M, K) @ dequant(w (N, K) of `bits`, scales per `group_size` of K).
 
   `per_channel` (group_size == K): the scale is constant along K and is applied
-  after the K loop, by the caller. `zeros`: the groups carry -zero addends (of q).
+  after the K loop, by the caller (or on the weights, with the "tile" output).
+  `zeros`: the groups carry -zero addends (of q). `out_dtype`, `bias` ((N,) f32)
+  and `activation` (a built-in's name): the epilogue of the "tile" output.
   """
 
   m: int
@@ -65,6 +75,9 @@ class WeightOnlyProblem:
   group_size: int
   dtype: str = "bfloat16"
   zeros: bool = False
+  out_dtype: str = "bfloat16"
+  bias: bool = False
+  activation: str | None = None
 
   @property
   def per_channel(self) -> bool:
@@ -75,7 +88,7 @@ class WeightOnlyProblem:
 class WeightOnlyConfig:
   """Tiles of the weight-only kernel.
 
-  tile_m: tokens per work item (WGMMA's N): 16, 32, 64, 128 or 256.
+  tile_m: tokens per work item (WGMMA's N), one of `TILE_M`.
   tile_k: K per ring step (64, 128 or 256), dividing `group_size` unless per channel.
   stages: ring depth.
   split_k: K slices computed by different CTAs (partial sums added by XLA).
@@ -88,6 +101,14 @@ class WeightOnlyConfig:
   dequant: "registers" (the converted weights are WGMMA's register operand) or
     "smem" (they are written back to a double-buffered shared-memory tile that
     WGMMA reads; what the GPU interpreter runs, since it has no register operand).
+  scale_on: "product" (decode: group scales multiply each step's (rows x tile_m)
+    product, promoted into a register sum; per-channel scales are the caller's) or
+    "weights" (from 64 tokens: scales and zeros multiply the converted weights, one
+    accumulator runs through K, and with register operands the next step converts
+    while this one's WGMMA runs, `Ring.mma_register_operand`).
+  output: "partials" (f32 (split_k, N, M) that the caller sums, scales and
+    finishes) or "tile" (with scale_on="weights" and split_k 1: the kernel applies
+    bias and activation and stores the (M, N) output transposed, in the output dtype).
 
   >>> WeightOnlyConfig(tile_m=16, tile_k=128, stages=8, split_k=4).validate(
   ...     WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128))
@@ -101,6 +122,13 @@ class WeightOnlyConfig:
   rows_per_wg: int = 64
   promotion_depth: int = 2
   consumers: int = pipeline.CONSUMERS
+  scale_on: str = "product"
+  output: str = "partials"
+
+  @property
+  def partial_cols(self) -> int:
+    """Tokens per store of the "partials" output (its f32 SMEM slot's width)."""
+    return max(c for c in range(8, PARTIAL_COLS + 1, 8) if self.tile_m % c == 0)
 
   @property
   def tile_n(self) -> int:
@@ -109,8 +137,8 @@ class WeightOnlyConfig:
 
   def validate(self, problem: WeightOnlyProblem) -> None:
     """Raises ValueError naming the field and the rule it breaks."""
-    if self.tile_m not in (16, 32, 64, 128, 256):
-      raise ValueError(f"WeightOnlyConfig.tile_m={self.tile_m}: use 16, 32, 64, 128 or 256")
+    if self.tile_m not in TILE_M:
+      raise ValueError(f"WeightOnlyConfig.tile_m={self.tile_m}: use one of {TILE_M}")
     if self.tile_k not in (64, 128, 256):
       raise ValueError(f"WeightOnlyConfig.tile_k={self.tile_k}: use 64, 128 or 256")
     if not problem.per_channel and problem.group_size % self.tile_k:
@@ -133,6 +161,23 @@ class WeightOnlyConfig:
       raise ValueError(f"WeightOnlyConfig.rows_per_wg={self.rows_per_wg}: use 64 or 128")
     if self.consumers not in (2, 4):
       raise ValueError(f"WeightOnlyConfig.consumers={self.consumers}: use 2 or 4")
+    if self.scale_on not in SCALE_ON:
+      raise ValueError(f"WeightOnlyConfig.scale_on={self.scale_on!r}: use one of {SCALE_ON}")
+    if self.output not in OUTPUTS:
+      raise ValueError(f"WeightOnlyConfig.output={self.output!r}: use one of {OUTPUTS}")
+    if self.output == "tile" and self.scale_on != "weights":
+      raise ValueError(
+          "WeightOnlyConfig.output='tile' needs scale_on='weights' (whole sums in one accumulator)"
+      )
+    if self.output == "tile" and self.split_k != 1:
+      raise ValueError(
+          f"WeightOnlyConfig.split_k={self.split_k}: the 'tile' output stores whole sums (use 1)"
+      )
+    if self.output == "tile" and problem.out_dtype not in ACTIVATION_DTYPES:
+      raise ValueError(
+          f"WeightOnlyConfig.output='tile' stores {ACTIVATION_DTYPES}, not "
+          f"out_dtype={problem.out_dtype!r} (use the 'partials' output)"
+      )
     registers = self.registers()
     if registers > pipeline.compute_registers(self.consumers):
       raise ValueError(
@@ -147,16 +192,24 @@ class WeightOnlyConfig:
       )
 
   def registers(self) -> int:
-    """Per consumer thread: the converted bf16 weights (2 per register), the step's
-    accumulator and the promoted sum (f32), and ~40 for addresses and the loop."""
-    return self.rows_per_wg * self.tile_k // 256 + 2 * self.rows_per_wg * self.tile_m // 128 + 40
+    """Per consumer thread: the converted bf16 weights (2 per register; two steps' of
+    them in the register pipeline of scale_on="weights"), the f32 accumulator (and
+    the promoted sum of scale_on="product"), and ~40 for addresses and the loop."""
+    weights = self.rows_per_wg * self.tile_k // 256
+    acc = self.rows_per_wg * self.tile_m // 128
+    if self.scale_on == "weights":
+      return weights * (2 if self.dequant == "registers" else 1) + acc + 40
+    return weights + 2 * acc + 40
 
   def smem_bytes(self, problem: WeightOnlyProblem) -> int:
     x_bytes = jnp.dtype(problem.dtype).itemsize
     stage = self.tile_n * self.tile_k * problem.bits // 8 + self.tile_m * self.tile_k * x_bytes
-    if not problem.per_channel:
+    if not problem.per_channel or self.scale_on == "weights":
       stage += self.tile_n * x_bytes * (2 if problem.zeros else 1)
-    out = self.tile_n * self.tile_m * 4
+    if self.output == "partials":
+      out = self.tile_n * self.partial_cols * 4
+    else:
+      out = self.tile_n * self.tile_m * jnp.dtype(problem.out_dtype).itemsize
     if self.dequant == "smem":
       out += 2 * self.tile_n * self.tile_k * x_bytes
     return self.stages * stage + out + 1024  # barriers and alignment
@@ -181,7 +234,7 @@ def _transforms(bits: int, cols: int) -> tuple:
   )
 
 
-def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers):
+def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cfg, workers):
   tm, tk, rows, tile_n = cfg.tile_m, cfg.tile_k, cfg.rows_per_wg, cfg.tile_n
   n_tiles, m_tiles = tiles(p.n, tile_n), tiles(p.m, tm)
   k_steps = tiles(p.k, tk)
@@ -191,6 +244,11 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
   upcast = plgpu.Layout.WGMMA_UPCAST_4X if p.bits == 4 else plgpu.Layout.WGMMA_UPCAST_2X
   row_layout = plgpu.Layout.WGMMA.reduce(1)
   grouped = not p.per_channel
+  tile_output = cfg.output == "tile"
+  on_weights = cfg.scale_on == "weights"
+  scaled = grouped or on_weights  # scales (and zeros) come through the ring
+  scale_weights = scaled and (cfg.dequant == "smem" or on_weights)
+  partial_cols = cfg.partial_cols
 
   def position(item):
     """(split, token tile, weight tile) of a work item: weight tiles vary fastest, so
@@ -202,6 +260,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
   def scoped(ring_refs, out_smem, w_smem=None):
     ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
+    mine = pl.ds(wg * rows, rows)
 
     def producer():
       def load(item, _, step0):
@@ -215,7 +274,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
               w_gmem.at[pl.ds(ni * tile_n, tile_n), cols],
               x_gmem.at[pl.ds(mi * tm, tm), cols],
           ]
-          if grouped:
+          if scaled:
             group = pl.ds(lax.div(kk * tk, p.group_size), 1)
             views.append(scale_gmem.at[group, pl.ds(ni * tile_n, tile_n)])
             if p.zeros:
@@ -226,22 +285,26 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
 
       ring.drain(pipeline.persistent_loop(items, load, steps_of=steps_per_split, workers=workers))
 
-    def operands(k, w_tile, x_tile, *group_tiles):
-      """The convert stage: this warpgroup's weight rows as q - zero in registers (the
-      group scale multiplies the step's product, `promote`), or, with `dequant="smem"`,
-      (q - zero) * scale written to shared-memory buffer k % 2 (the WGMMA of step k - 2,
-      which read it last, has completed: `Ring.mma` keeps one in flight)."""
-      mine = pl.ds(wg * rows, rows)
+    def convert(w_tile, group_tiles):
+      """The convert stage: this warpgroup's weight rows as q - zero in registers, times
+      the group scale where the weights carry it (else `promote` scales the product)."""
       w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
       w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
-      if p.zeros and grouped:
+      if p.zeros and scaled:
         zero = _compat.load_registers(group_tiles[1].at[0, mine], row_layout)
         w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
-      if w_smem is None:
-        return w, _compat.transpose_2d(x_tile)
-      if grouped:
+      if scale_weights:
         scale = _compat.load_registers(group_tiles[0].at[0, mine], row_layout)
         w = w * lax.broadcast_in_dim(scale, w.shape, (0,))
+      return w
+
+    def operands(k, w_tile, x_tile, *group_tiles):
+      """(weights, tokens) of one step: the converted weights in registers or, with
+      `dequant="smem"`, written to shared-memory buffer k % 2 (the WGMMA of step k - 2,
+      which read it last, has completed: `Ring.mma` keeps one in flight)."""
+      w = convert(w_tile, group_tiles)
+      if w_smem is None:
+        return w, _compat.transpose_2d(x_tile)
       buffer = w_smem.at[wg, lax.rem(k, 2)]
       buffer[...] = w
       plgpu.commit_smem()
@@ -249,24 +312,44 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
 
     def promote(_, w_tile, x_tile, scale_tile, *rest):
       """The multiplier of one step's product: the group scales of this warpgroup's rows."""
-      scale = _compat.load_registers(scale_tile.at[0, pl.ds(wg * rows, rows)], row_layout)
+      scale = _compat.load_registers(scale_tile.at[0, mine], row_layout)
       return lax.broadcast_in_dim(scale.astype(jnp.float32), (rows, tm), (0,))
 
-    def store(result, split, mi, ni):
+    def store_partials(result, split, mi, ni):
+      """The f32 (rows, tokens) sums, `partial_cols` tokens per store through one slot."""
+      slot = out_smem.at[wg]
+      for c in range(tm // partial_cols):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
+        slot[...] = result[:, c * partial_cols : (c + 1) * partial_cols]
+        plgpu.commit_smem()
+        tokens = pl.ds(mi * tm + c * partial_cols, partial_cols)
+        plgpu.copy_smem_to_gmem(
+            slot, out_gmem.at[split, pl.ds(ni * tile_n + wg * rows, rows), tokens]
+        )
+
+    def store_tile(result, mi, ni):
+      """bias and activation on this warpgroup's (rows, tokens) sums, stored transposed
+      as the (tokens, rows) block of the (M, N) output (TMA clips the edges)."""
+      columns = pl.ds(ni * tile_n + wg * rows, rows)
+      if p.bias:
+        bias = _compat.load_registers(bias_gmem.at[columns], row_layout)
+        result = result + lax.broadcast_in_dim(bias, result.shape, (0,))
+      if p.activation is not None:
+        result = epilogue_lib.activation_fn(p.activation)(result)
       slot = out_smem.at[wg]
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
-      slot[...] = result
+      _compat.transpose_2d(slot)[...] = result.astype(out_gmem.dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(
-          slot,
-          out_gmem.at[split, pl.ds(ni * tile_n + wg * rows, rows), pl.ds(mi * tm, tm)],
-      )
+      plgpu.copy_smem_to_gmem(slot, out_gmem.at[pl.ds(mi * tm, tm), columns])
+
+    def tokens(k, w_tile, x_tile, *group_tiles):
+      return _compat.transpose_2d(x_tile)
 
     def consumer():
       def compute(item, _, step0):
         split, mi, ni = position(item)
-        if w_smem is None and grouped:  # register operands, scales on each step's product
-          store(
+        if not on_weights and w_smem is None and grouped:  # scales on each step's product
+          store_partials(
               ring.mma_promoted(
                   (rows, tm),
                   step0,
@@ -284,9 +367,22 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
 
         @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
         def _(acc):
-          # A register operand must stay untouched until its WGMMA is done: no overlap.
-          ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
-          store(acc[...], split, mi, ni)
+          if on_weights and w_smem is None:  # the next step converts during this one's WGMMA
+            ring.mma_register_operand(
+                acc,
+                step0,
+                0,
+                steps_per_split,
+                lambda k, w_tile, x_tile, *group_tiles: convert(w_tile, group_tiles),
+                tokens,
+            )
+          else:
+            # A register operand must stay untouched until its WGMMA is done: no overlap.
+            ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
+          if tile_output:
+            store_tile(acc[...], mi, ni)
+          else:
+            store_partials(acc[...], split, mi, ni)
 
         return steps_per_split
 
@@ -299,12 +395,21 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, out_gmem, *, p, cfg, workers)
       ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(p.bits, tk)),
       ((tm, tk), dtype, _transforms(8 * dtype.itemsize, tk)),
   ]
-  if grouped:
+  if scaled:
     buffers += [((1, tile_n), dtype, ())] * (2 if p.zeros else 1)
+  if tile_output:
+    out_dtype = jnp.dtype(p.out_dtype)
+    out_smem = plgpu.SMEM(
+        (cfg.consumers, tm, rows), out_dtype, transforms=_transforms(8 * out_dtype.itemsize, rows)
+    )
+  else:
+    out_smem = plgpu.SMEM(
+        (cfg.consumers, rows, partial_cols), jnp.float32, transforms=_transforms(32, partial_cols)
+    )
   pl.run_scoped(
       scoped,
       ring_refs=pipeline.ring_scratch(cfg.stages, buffers, consumers=cfg.consumers),
-      out_smem=plgpu.SMEM((cfg.consumers, rows, tm), jnp.float32, transforms=_transforms(32, tm)),
+      out_smem=out_smem,
       **(
           dict(
               w_smem=plgpu.SMEM(
@@ -325,17 +430,21 @@ def weight_only_gemm(
     w,
     scales,
     zeros,
+    bias=None,
     *,
     problem: WeightOnlyProblem,
     config: WeightOnlyConfig,
     interpret=None,
     num_sms=None,
 ):
-  """f32 partial sums (split_k, N, M_pad) of W^T x^T, M_pad = M rounded up to tile_m.
+  """W^T x^T through the kernel: with the "partials" output, f32 partial sums
+  (split_k, N, M_pad), M_pad = M rounded up to tile_m; with "tile", the finished
+  output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8; scales and zeros (the
   -zero addends of q): (K // group_size, N) of `problem.dtype`, or None per
-  channel (then the caller scales the result).
+  channel with the "partials" output (then the caller scales the result); bias:
+  (N rounded up to tile_n,) f32 when `problem.bias`.
   """
   config.validate(problem)
   workers = num_sms or DEFAULT_NUM_SMS
@@ -343,7 +452,11 @@ def weight_only_gemm(
   items = config.split_k * tiles(problem.m, config.tile_m) * tiles(problem.n, config.tile_n)
   workers = min(workers, items)
   kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
-  out_type = jax.ShapeDtypeStruct((config.split_k, problem.n, m_pad), jnp.float32)
+  if config.output == "tile":  # whole TMA tiles of the transposed store: (8, 64) elements
+    out_shape = (round_up(problem.m, 8), round_up(problem.n, 64))
+    out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))
+  else:
+    out_type = jax.ShapeDtypeStruct((config.split_k, problem.n, m_pad), jnp.float32)
   launch = pipeline.launch(
       kernel,
       out_type=out_type,
@@ -353,4 +466,5 @@ def weight_only_gemm(
   )
   scale_arg = scales if scales is not None else jnp.zeros((1, 1), problem.dtype)
   zero_arg = zeros if zeros is not None else jnp.zeros((1, 1), problem.dtype)
-  return launch(x, w, scale_arg, zero_arg)
+  bias_arg = bias if bias is not None else jnp.zeros((1,), jnp.float32)
+  return launch(x, w, scale_arg, zero_arg, bias_arg)
