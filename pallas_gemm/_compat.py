@@ -31,6 +31,11 @@ INTERPRET_SUPPORTS_TRANSPOSED_OPERANDS = JAX_VERSION >= (0, 11, 0)
 # Cluster barriers (needed by TMA multicast) run in the interpreter from 0.11.
 INTERPRET_SUPPORTS_CLUSTERS = JAX_VERSION >= (0, 11, 0)
 
+# Storing a WGMMA-layout register array through a transposed SMEM view (the
+# weight-only kernel's "tile" output) lowers from 0.11; 0.10.2's layout inference
+# finds no layout for it.
+STORES_THROUGH_TRANSPOSED_SMEM = JAX_VERSION >= (0, 11, 0)
+
 
 def require_interpret_transposes(transpose_a: bool, transpose_b: bool) -> None:
   """Raises where this jax's GPU interpreter cannot run transposed operands: it would

@@ -8,7 +8,10 @@ epilogue) is passed in as functions; this module owns what is the same:
 
   - `Ring`: the SMEM stages, their `loaded` / `consumed` barriers and the step
     counter that runs on across work items (slot = step % stages): `fill`
-    (producer), `mma` (consumer K loop, one WGMMA group in flight), `skip`
+    (producer), `mma` (consumer K loop, one WGMMA group in flight),
+    `mma_register_operand` (the same for a register operand converted from the
+    stage, the next convert overlapping this step's WGMMA), `mma_promoted` (a
+    fresh accumulator per step, scaled into a register sum), `skip`
     (a consumer that lets a stage pass), `drain` (the producer's last waits).
   - `persistent_loop`: this CTA's share of a work list, carrying the ring step.
   - `warp_specialized`: the role split with its register budget (`setmaxnreg`).
@@ -140,9 +143,9 @@ class Ring:
     completed, the last after the loop. Bounds may be Python ints or traced
     scalars (an empty range consumes nothing).
 
-    `overlap=False` waits for each step's WGMMAs before the next step: needed when
-    `a` is a register operand, whose registers the compiler may reuse for the next
-    step's values while an asynchronous WGMMA still reads them.
+    `overlap=False` waits for each step's WGMMAs before the next step, for a register
+    operand `a`: the next step's convert must not write registers an in-flight WGMMA
+    reads (`mma_register_operand` overlaps them safely).
     """
     if not overlap:
       self._mma_serial(acc, step0, k_begin, k_end, operands)

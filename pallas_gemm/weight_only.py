@@ -230,8 +230,8 @@ def default_config(
   >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.rows_per_wg, c.split_k)
   (16, 128, 128, 8)
   >>> c = default_config(dataclasses.replace(p, m=2048, n=14336, k=4096), 132)
-  >>> (c.tile_m, c.tile_k, c.scale_on, c.split_k, c.output)
-  (256, 64, 'weights', 1, 'tile')
+  >>> (c.tile_m, c.tile_k, c.scale_on, c.split_k)
+  (256, 64, 'weights', 1)
   """
   if problem.m > DECODE_MAX_M:
     return _prefill_config(problem, num_sms, dequant)
@@ -267,7 +267,11 @@ def _prefill_config(problem, num_sms, dequant):
     if best is None or cost < best[0]:
       best = cost, tile_m, split_k
   _, tile_m, split_k = best
-  tile = split_k == 1 and problem.out_dtype in kernel_lib.ACTIVATION_DTYPES
+  tile = (
+      split_k == 1
+      and problem.out_dtype in kernel_lib.ACTIVATION_DTYPES
+      and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+  )
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m,
       tile_k=64,
@@ -475,6 +479,7 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
       acc,
       bias=None if bias is None else jnp.asarray(bias, jnp.float32)[None],
   )
+
 
 __all__ = [
     "QuantizedWeight",

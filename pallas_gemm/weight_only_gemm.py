@@ -178,6 +178,11 @@ class WeightOnlyConfig:
           f"WeightOnlyConfig.output='tile' stores {ACTIVATION_DTYPES}, not "
           f"out_dtype={problem.out_dtype!r} (use the 'partials' output)"
       )
+    if self.output == "tile" and not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+      raise ValueError(
+          f"WeightOnlyConfig.output='tile' needs jax >= 0.11 (a transposed SMEM store); "
+          f"jax {jax.__version__} has the 'partials' output"
+      )
     registers = self.registers()
     if registers > pipeline.compute_registers(self.consumers):
       raise ValueError(

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_gemm import _compat
 from pallas_gemm import int8 as int8_lib
 from pallas_gemm import weight_only as wo
 from pallas_gemm import weight_only_gemm as kernel_lib
@@ -72,6 +73,35 @@ def test_weight_only_kernel_lowers_for_cuda(bits, group_size, zeros, dequant):
   assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize(
+    "m,n,k,bits,group_size,zeros,dequant",
+    [
+        (304, 14336, 4096, 4, 128, False, "registers"),  # 160 tokens, the "tile" output
+        (304, 4096, 14336, 4, 128, True, "registers"),  # split-K partials in 80-token stores
+        (200, 1024, 2048, 8, 2048, True, "registers"),  # per channel, scales on the weights
+        (512, 1024, 2048, 4, 128, False, "smem"),
+    ],
+)
+def test_prefill_kernel_lowers_for_cuda(m, n, k, bits, group_size, zeros, dequant):
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=bits, group_size=group_size, zeros=zeros, bias=True, activation="silu"
+  )
+  config = wo.default_config(problem, 132, dequant=dequant)
+  assert config.scale_on == "weights"
+  assert config.output == "partials" or _compat.STORES_THROUGH_TRANSPOSED_SMEM
+  groups = k // group_size
+  args = (
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((n, k), jnp.int4 if bits == 4 else jnp.int8),
+      jax.ShapeDtypeStruct((groups, n), jnp.bfloat16),
+      jax.ShapeDtypeStruct((groups, n), jnp.bfloat16) if zeros else None,
+      jax.ShapeDtypeStruct((n,), jnp.float32),
+  )
+  f = lambda *a: kernel_lib.weight_only_gemm(*a, problem=problem, config=config)
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+  assert "mosaic_gpu" in text
+
+
 def test_int8_kernel_lowers_for_cuda():
   args = (
       jax.ShapeDtypeStruct((1000, 1024), jnp.int8),
@@ -100,6 +130,28 @@ def test_int8_kernel_lowers_for_cuda():
 def test_weight_only_interpret_matches_float64(m, n, k, bits, group_size, symmetric, lead):
   x, qw, bias, ref = _weight_only_case(0, m, n, k, bits, group_size, symmetric, lead)
   y = wo.quantized_matmul(x, qw, bias=bias, activation="silu", implementation="interpret")
+  assert y.dtype == jnp.bfloat16
+  assert _rel_err(y, ref) < BOUND
+
+
+@needs_transposes
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(tile_m=160, split_k=1, output="tile"),  # bias + silu + transposed store in the kernel
+        pytest.param(dict(tile_m=128, split_k=2, output="partials"), marks=pytest.mark.slow),
+    ],
+)
+def test_prefill_config_interpret_matches_float64(fields):
+  if fields["output"] == "tile" and not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    pytest.skip(f"jax {jax.__version__}: no transposed SMEM store (the 'tile' output)")
+  x, qw, bias, ref = _weight_only_case(11, 70, 136, 256, 4, 128, False)
+  problem = kernel_lib.WeightOnlyProblem(m=70, n=136, k=256, bits=4, group_size=128, zeros=True)
+  config = dataclasses.replace(wo.default_config(problem, 2), stages=2, **fields)
+  assert config.scale_on == "weights"
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="interpret"
+  )
   assert y.dtype == jnp.bfloat16
   assert _rel_err(y, ref) < BOUND
 
@@ -199,6 +251,23 @@ def test_default_config_fits_and_splits_k_only_where_it_shortens_the_critical_pa
   assert wo.default_config(problem, 132).split_k == 8  # 16 tiles of 256 rows: 128 items
 
 
+@pytest.mark.parametrize("m", [65, 200, 300, 2048])
+@pytest.mark.parametrize("n,k", [(14336, 4096), (4096, 14336)])
+def test_prefill_default_scales_weights_and_stores_whole_sums_in_the_kernel(m, n, k):
+  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
+  config = wo.default_config(problem, 132)
+  config.validate(problem)
+  assert config.scale_on == "weights" and config.tile_k == 64
+  assert config.output == "partials" or config.split_k == 1
+  assert config.tile_m < m + 32 or config.tile_m == 128  # little of the token tile is padding
+  assert config.stages >= 4
+  if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    assert config.output == "partials"
+    return
+  f32 = dataclasses.replace(problem, out_dtype="float32")
+  assert wo.default_config(f32, 132).output == "partials"  # the kernel stores 16-bit tiles
+
+
 def test_quantized_weight_is_a_pytree():
   qw = wo.quantize_weights(jnp.ones((128, 8)), 4, 64)
   leaves, tree = jax.tree.flatten(qw)
@@ -247,6 +316,15 @@ def _bad(**overrides):
             ValueError,
             "multiple of 256",
         ),
+        (
+            dict(
+                implementation="interpret",
+                w_q=jnp.zeros((12, 256), jnp.int4),
+                scales=jnp.ones((2, 12), jnp.bfloat16),
+            ),
+            ValueError,
+            "N=12 is not a multiple of 8",
+        ),
     ],
 )
 def test_bad_arguments_get_named_errors(overrides, error, match):
@@ -273,6 +351,10 @@ def test_quantize_weights_rejects_bad_groups_and_bits():
         (dict(stages=64), "bytes of shared memory"),
         (dict(consumers=4, tile_m=64, rows_per_wg=128), "registers per consumer thread"),
         (dict(consumers=3), "consumers=3"),
+        (dict(scale_on="bias"), "scale_on='bias'"),
+        (dict(output="tile"), "needs scale_on='weights'"),
+        (dict(output="tile", scale_on="weights", split_k=2), "stores whole sums"),
+        (dict(output="sparse"), "output='sparse'"),
     ],
 )
 def test_config_errors_name_the_field(fields, match):
@@ -297,6 +379,10 @@ def test_int8_matmul_rejects_other_dtypes():
         (100, 384, 1024, 8, 256, False, "registers"),
         (200, 4096, 4096, 4, 128, True, "registers"),  # two token tiles of 128
         (13, 1000, 2048, 4, 128, False, "smem"),
+        (300, 4104, 1024, 4, 128, False, "registers"),  # prefill: 160 tokens, "tile" output
+        (777, 2000, 4096, 8, -1, False, "registers"),  # per channel, zeros, on the weights
+        (1000, 1000, 2048, 4, 128, True, "registers"),
+        (300, 4096, 14336, 4, 128, True, "registers"),  # split-K partials of 80 tokens
     ],
 )
 def test_weight_only_on_the_gpu(m, n, k, bits, group_size, symmetric, dequant):
