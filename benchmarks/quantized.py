@@ -6,11 +6,11 @@
 
 Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
   bf16_dot       jnp.dot(x, w) on the bf16 weight
-  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 256)
+  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 2048)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
-                 to XLA (M > 64), whether the kernel would have been faster
+                 to XLA (M > 2048), whether the kernel would have been faster
   int8_ours      int8, per-channel scales, the default route
 W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
   bf16_dot       jnp.dot on bf16 operands
@@ -42,7 +42,7 @@ from pallas_gemm import weight_only as wo
 
 WEIGHTS = ((4096, 14336), (14336, 4096), (8192, 28672), (4096, 128256))
 """(K, N) weights of Llama-3 8B/70B projections and a 128k-vocabulary head."""
-TOKENS = (1, 16, 64, 128, 256, 2048)
+TOKENS = (1, 16, 64, 128, 256, 512, 2048, 4096)
 W8A8_SHAPES = ((8192, 8192, 8192), (8192, 6144, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
 """MxNxK: 8192^3 and Llama-3-8B's qkv, gate/up and down projections at 8k tokens."""
 SMOKE = dict(weights=((256, 384),), tokens=(20,), w8a8=((72, 136, 256),))
