@@ -11,10 +11,12 @@ which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
 
-Decode (few tokens) runs the Hopper kernel of `weight_only_gemm`, which reads
-the packed weights once and dequantizes them in registers; larger M runs XLA's
-GEMM on the weights dequantized by an XLA fusion (`implementation="xla"`, also
-the reference), where the tensor cores, not the weight bytes, set the time.
+Up to `KERNEL_MAX_M` tokens the Hopper kernel of `weight_only_gemm` reads the
+packed weights and dequantizes them in registers (decode: group scales on each
+step's product, split-K partials finished here; prefill: scales on the weights
+and bias, activation and the store in the kernel); larger M runs XLA's GEMM on
+the weights dequantized by an XLA fusion (`implementation="xla"`, also the
+reference), whose pass is then a small share of the time.
 
 >>> import jax.numpy as jnp
 >>> w = jnp.tile(jnp.array([7.0, -7, 1, 2, 3, 0, -1, 5]), 2)[:, None] * jnp.ones((1, 2))  # (K, N)

@@ -16,6 +16,12 @@ bytes of bf16) and dequantizes it in registers, between the TMA ring and WGMMA:
     read from shared memory as the K-major B operand: decode pays for 16 rows of
     tensor-core work, not 64. A register operand must stay untouched until its
     WGMMA completes, so each step's WGMMA is waited for before the next convert.
+  - From 65 tokens (prefill, `scale_on="weights"`) the group scales (and zeros)
+    multiply the converted weights instead, one accumulator runs through K, and
+    the next step converts while this step's WGMMA runs
+    (`Ring.mma_register_operand`); without split-K the kernel applies bias and
+    activation and stores its (rows, tokens) sums through a transposed SMEM view
+    as the (tokens, rows) block of the (M, N) output (`output="tile"`).
   - One ring step is one K block of `tile_k` weights, within one scale group
     (`tile_k` divides `group_size`), so a step needs one scale row.
   - The persistent CTAs share (split, token tile, `tile_n` weight rows) work items;
