@@ -69,7 +69,7 @@ class WeightOnlyProblem:
   """out (M, N) = x (M, K) @ dequant(w (N, K) of `bits`, scales per `group_size` of K).
 
   `per_channel` (group_size == K): the scale is constant along K and is applied
-  after the K loop, by the caller (or on the weights, with the "tile" output).
+  after the K loop by the caller (or on the weights, with scale_on="weights").
   `zeros`: the groups carry -zero addends (of q). `out_dtype`, `bias` ((N,) f32)
   and `activation` (a built-in's name): the epilogue of the "tile" output.
   """
@@ -109,7 +109,7 @@ class WeightOnlyConfig:
     WGMMA reads; what the GPU interpreter runs, since it has no register operand).
   scale_on: "product" (decode: group scales multiply each step's (rows x tile_m)
     product, promoted into a register sum; per-channel scales are the caller's) or
-    "weights" (from 64 tokens: scales and zeros multiply the converted weights, one
+    "weights" (prefill: scales and zeros multiply the converted weights, one
     accumulator runs through K, and with register operands the next step converts
     while this one's WGMMA runs, `Ring.mma_register_operand`).
   output: "partials" (f32 (split_k, N, M) that the caller sums, scales and
