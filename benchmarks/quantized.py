@@ -8,6 +8,7 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   bf16_dot       jnp.dot(x, w) on the bf16 weight
   int4_ours      int4, group 128 scales, the default route (the kernel for M <= 2048)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
+  int4_warp      the same kernel with warp-level MMA (`mma="warp"`, experimental)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
                  to XLA (M > 2048), whether the kernel would have been faster
@@ -25,6 +26,7 @@ weights that total at least 4 L2s, so the weights come from HBM as in a model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -57,17 +59,25 @@ def _copies(nbytes: int) -> int:
 def weight_only_contenders(implementation):
   kernel = "interpret" if implementation == "interpret" else None
 
-  def smem_variant(x, qw):
-    problem = wo.kernel_lib.WeightOnlyProblem(
-        m=x.shape[0], n=qw.shape[1], k=qw.shape[0], bits=4, group_size=qw.group_size
-    )
-    config = wo.default_config(problem, _compat.device_sm_count() or 132, dequant="smem")
-    return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
+  def variant(**fields):
+    def run(x, qw):
+      problem = wo.kernel_lib.WeightOnlyProblem(
+          m=x.shape[0], n=qw.shape[1], k=qw.shape[0], bits=4, group_size=qw.group_size
+      )
+      config = wo.default_config(problem, _compat.device_sm_count() or 132, dequant="smem")
+      config = wo.deepest_ring(dataclasses.replace(config, **fields), problem)
+      return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
+
+    return run
+
+  gpu_kernel = kernel is None
+  warp = dict(dequant="registers", mma="warp", scale_on="weights", output="partials")
 
   return {
       "bf16_dot": lambda x, w: jnp.dot(x, w),
       "int4_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
-      "int4_smem": smem_variant if kernel is None else None,
+      "int4_smem": variant() if gpu_kernel else None,
+      "int4_warp": variant(**warp) if gpu_kernel and _compat.HAS_WARP_MMA else None,
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (
           (lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas"))
@@ -104,7 +114,8 @@ def run_weight_only(weights, tokens, *, implementation, rounds, iterations, time
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
     operands = {"bf16_dot": w, "int8_ours": q8}
-    operands.update({name: q4 for name in ("int4_ours", "int4_smem", "int4_xla", "int4_kernel")})
+    int4 = ("int4_ours", "int4_smem", "int4_warp", "int4_xla", "int4_kernel")
+    operands.update({name: q4 for name in int4})
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)

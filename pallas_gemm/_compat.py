@@ -36,6 +36,9 @@ INTERPRET_SUPPORTS_CLUSTERS = JAX_VERSION >= (0, 11, 0)
 # finds no layout for it.
 STORES_THROUGH_TRANSPOSED_SMEM = JAX_VERSION >= (0, 11, 0)
 
+# Warp-level MMA (`plgpu.mma`, mma.sync m16n8k16) is in Pallas's Mosaic GPU API from 0.11.
+HAS_WARP_MMA = hasattr(plgpu, "mma")
+
 
 def require_interpret_transposes(transpose_a: bool, transpose_b: bool) -> None:
   """Raises where this jax's GPU interpreter cannot run transposed operands: it would

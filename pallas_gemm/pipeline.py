@@ -10,8 +10,9 @@ epilogue) is passed in as functions; this module owns what is the same:
     counter that runs on across work items (slot = step % stages): `fill`
     (producer), `mma` (consumer K loop, one WGMMA group in flight),
     `mma_register_operand` (the same for a register operand converted from the
-    stage, the next convert overlapping this step's WGMMA), `mma_promoted` (a
-    fresh accumulator per step, scaled into a register sum), `skip`
+    stage, the next convert overlapping this step's WGMMA), `mma_warp` (warp-level
+    MMA on register operands), `mma_promoted` (a fresh accumulator per step, scaled
+    into a register sum), `skip`
     (a consumer that lets a stage pass), `drain` (the producer's last waits).
   - `persistent_loop`: this CTA's share of a work list, carrying the ring step.
   - `warp_specialized`: the role split with its register budget (`setmaxnreg`).
@@ -241,6 +242,21 @@ class Ring:
       issue(k + 1, ready(k + 1))
     plgpu.wgmma_wait(0)
     plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + count - 1)])
+
+  def mma_warp(self, acc, step0, k_begin, k_end, operands: Callable):
+    """Consumer: `acc + sum of a @ b` over K steps [k_begin, k_end) with warp-level MMA
+    (`plgpu.mma`: synchronous m16n8k16 per warp, no WGMMA pipeline), `operands(k,
+    *stage_views)` returning register arrays (a, b). Each stage is released as soon as
+    its operands are in registers. Returns the f32 sum (`acc` is its start value)."""
+
+    def step(k, total):
+      slot = self.slot(step0 + k - k_begin)
+      plgpu.barrier_wait(self.loaded.at[slot])
+      a, b = operands(k, *(buffer.at[slot] for buffer in self.buffers))
+      plgpu.barrier_arrive(self.consumed.at[slot])
+      return plgpu.mma(total, a, b)
+
+    return lax.fori_loop(k_begin, k_end, step, acc)
 
   def mma_promoted(
       self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable, depth: int = 2

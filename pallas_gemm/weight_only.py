@@ -435,7 +435,8 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   if interpret:  # no register operand there, and no zero fill past K: whole splits
     k_steps = tiles(problem.k, config.tile_k)
     split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
-    config = _rows_that_fit(dataclasses.replace(config, dequant="smem", split_k=split_k), problem)
+    smem = dict(dequant="smem", mma="wgmma", split_k=split_k)  # no warp-level MMA either
+    config = _rows_that_fit(dataclasses.replace(config, **smem), problem)
     config = deepest_ring(config, problem, most=config.stages)
   m_rows = round_up(problem.m, config.tile_m) if interpret else tma_rows(problem.m)
   x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x

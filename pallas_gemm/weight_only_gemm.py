@@ -55,6 +55,7 @@ from pallas_gemm.tma_padding import round_up
 BITS = (4, 8)
 DEQUANT = ("registers", "smem")
 SCALE_ON = ("product", "weights")
+MMAS = ("wgmma", "warp")
 OUTPUTS = ("partials", "tile")
 ACTIVATION_DTYPES = ("bfloat16", "float16")
 TILE_M = (16, 32, 64, 128, 160, 192, 224, 256)
@@ -115,6 +116,9 @@ class WeightOnlyConfig:
   output: "partials" (f32 (split_k, N, M) that the caller sums, scales and
     finishes) or "tile" (with scale_on="weights" and split_k 1: the kernel applies
     bias and activation and stores the (M, N) output transposed, in the output dtype).
+  mma: "wgmma" or "warp" (experimental, for decode: warp-level m16n8k16 MMA on the
+    converted weights, `Ring.mma_warp`, which has no per-instruction cost of a
+    64-row WGMMA at few tokens; register operands, scales on the weights, "partials").
 
   >>> WeightOnlyConfig(tile_m=16, tile_k=128, stages=8, split_k=4).validate(
   ...     WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128))
@@ -130,6 +134,7 @@ class WeightOnlyConfig:
   consumers: int = pipeline.CONSUMERS
   scale_on: str = "product"
   output: str = "partials"
+  mma: str = "wgmma"
 
   @property
   def partial_cols(self) -> int:
@@ -171,6 +176,19 @@ class WeightOnlyConfig:
       raise ValueError(f"WeightOnlyConfig.scale_on={self.scale_on!r}: use one of {SCALE_ON}")
     if self.output not in OUTPUTS:
       raise ValueError(f"WeightOnlyConfig.output={self.output!r}: use one of {OUTPUTS}")
+    if self.mma not in MMAS:
+      raise ValueError(f"WeightOnlyConfig.mma={self.mma!r}: use one of {MMAS}")
+    if self.mma == "warp" and (
+        self.dequant != "registers" or self.scale_on != "weights" or self.output != "partials"
+    ):
+      raise ValueError(
+          "WeightOnlyConfig.mma='warp' takes dequant='registers', scale_on='weights' and "
+          f"output='partials', got {self.dequant!r}, {self.scale_on!r}, {self.output!r}"
+      )
+    if self.mma == "warp" and not _compat.HAS_WARP_MMA:
+      raise ValueError(
+          f"WeightOnlyConfig.mma='warp' needs plgpu.mma, which jax {jax.__version__} lacks"
+      )
     if self.output == "tile" and self.scale_on != "weights":
       raise ValueError(
           "WeightOnlyConfig.output='tile' needs scale_on='weights' (whole sums in one accumulator)"
@@ -356,9 +374,23 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
     def tokens(k, w_tile, x_tile, *group_tiles):
       return _compat.transpose_2d(x_tile)
 
+    def warp_operands(k, w_tile, x_tile, *group_tiles):
+      """(weights, tokens) of one step as register arrays for warp-level MMA: the
+      converted, scaled weights and the tokens read through a transposed view."""
+      w = w_tile.at[mine][...].astype(dtype)
+      if p.zeros:
+        w = w + lax.broadcast_in_dim(group_tiles[1][0, mine], w.shape, (0,))
+      w = w * lax.broadcast_in_dim(group_tiles[0][0, mine], w.shape, (0,))
+      return w, _compat.transpose_2d(x_tile)[...]
+
     def consumer():
       def compute(item, _, step0):
         split, mi, ni = position(item)
+        if cfg.mma == "warp":
+          start = jnp.zeros((rows, tm), jnp.float32)
+          total = ring.mma_warp(start, step0, 0, steps_per_split, warp_operands)
+          store_partials(total, split, mi, ni)
+          return steps_per_split
         if not on_weights and w_smem is None and grouped:  # scales on each step's product
           store_partials(
               ring.mma_promoted(

@@ -102,6 +102,34 @@ def test_prefill_kernel_lowers_for_cuda(m, n, k, bits, group_size, zeros, dequan
   assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize(
+    "m,n,k,group_size,zeros,rows",
+    [
+        (1, 4096, 14336, 128, False, 128),
+        (16, 14336, 4096, 128, True, 64),
+        (64, 1024, 4096, 4096, False, 64),
+    ],
+)
+def test_warp_mma_decode_lowers_for_cuda(m, n, k, group_size, zeros, rows):
+  if not _compat.HAS_WARP_MMA:
+    pytest.skip(f"jax {jax.__version__} has no plgpu.mma")
+  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=group_size, zeros=zeros)
+  config = dataclasses.replace(
+      wo.default_config(problem, 132), mma="warp", scale_on="weights", rows_per_wg=rows
+  )
+  config = wo.deepest_ring(config, problem)
+  groups = k // group_size
+  args = (
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((n, k), jnp.int4),
+      jax.ShapeDtypeStruct((groups, n), jnp.bfloat16),
+      jax.ShapeDtypeStruct((groups, n), jnp.bfloat16) if zeros else None,
+  )
+  f = lambda *a: kernel_lib.weight_only_gemm(*a, problem=problem, config=config)
+  text = jax.export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
+  assert "mosaic_gpu" in text
+
+
 def test_int8_kernel_lowers_for_cuda():
   args = (
       jax.ShapeDtypeStruct((1000, 1024), jnp.int8),
@@ -355,6 +383,8 @@ def test_quantize_weights_rejects_bad_groups_and_bits():
         (dict(output="tile"), "needs scale_on='weights'"),
         (dict(output="tile", scale_on="weights", split_k=2), "stores whole sums"),
         (dict(output="sparse"), "output='sparse'"),
+        (dict(mma="mma.sync"), "mma='mma.sync'"),
+        (dict(mma="warp"), "mma='warp' takes"),
     ],
 )
 def test_config_errors_name_the_field(fields, match):
@@ -396,6 +426,23 @@ def test_weight_only_on_the_gpu(m, n, k, bits, group_size, symmetric, dequant):
       zeros=not symmetric,
   )
   config = wo.default_config(problem, 132, dequant=dequant)
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="pallas"
+  )
+  assert _rel_err(y, ref) < BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,n,k,bits,group_size,symmetric",
+    [(1, 4096, 4096, 4, 128, True), (13, 1000, 2048, 4, 128, False), (64, 4096, 4096, 8, -1, True)],
+)
+def test_warp_mma_decode_on_the_gpu(m, n, k, bits, group_size, symmetric):
+  x, qw, bias, ref = _weight_only_case(9, m, n, k, bits, group_size, symmetric)
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=bits, group_size=qw.group_size, zeros=not symmetric
+  )
+  config = dataclasses.replace(wo.default_config(problem, 132), mma="warp", scale_on="weights")
   y = wo.quantized_matmul(
       x, qw, bias=bias, activation="silu", config=config, implementation="pallas"
   )
