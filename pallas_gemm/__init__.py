@@ -31,6 +31,7 @@ from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
 from pallas_gemm.weight_only import QuantizedWeight, dequantize_weights, quantize_weights, quantized_matmul
+from pallas_gemm.weight_only_grouped import quantized_ragged_dot
 
 try:
   __version__ = _metadata.version("pallas-gemm")
@@ -67,6 +68,7 @@ __all__ = [
     "quantize_per_token",
     "quantize_weights",
     "quantized_matmul",
+    "quantized_ragged_dot",
     "ragged_dot",
     "ragged_weight_gradient",
     "scaled_matmul",

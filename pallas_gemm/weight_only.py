@@ -71,59 +71,62 @@ class QuantizedWeight:
     return 4 if self.values.dtype == jnp.int4 else 8
 
   @property
-  def shape(self) -> tuple[int, int]:
-    """The (K, N) shape of the weight it stands for."""
-    n, k = self.values.shape
-    return k, n
+  def shape(self) -> tuple[int, ...]:
+    """The (K, N) shape of the weight it stands for ((E, K, N) for a stack of experts)."""
+    *lead, n, k = self.values.shape
+    return (*lead, k, n)
 
 
 def quantize_weights(
     w, bits: int = 4, group_size: int = 128, *, symmetric=True, dtype=jnp.bfloat16
 ):
-  """Quantizes a (K, N) weight per group of `group_size` K rows (-1: per channel).
+  """Quantizes a (K, N) weight, or an (E, K, N) stack of experts' weights, per group of
+  `group_size` K rows (-1: per channel).
 
   Symmetric: scale = max|w| / qmax (qmax 7 for int4, 127 for int8), no zeros.
   Asymmetric: the group's [min, max] spans [-2^(bits-1), 2^(bits-1) - 1] with a
   real-valued zero point. Returns a `QuantizedWeight` whose scales (and zeros)
-  are `dtype`, the activations' dtype, as the kernel multiplies in it.
+  are `dtype`, the activations' dtype, as the kernel multiplies in it; an expert
+  stack's arrays carry the leading E.
   """
   w = jnp.asarray(w)
-  if w.ndim != 2:
-    raise ValueError(f"w must be (K, N), got shape {w.shape}")
+  if w.ndim not in (2, 3):
+    raise ValueError(f"w must be (K, N) or (E, K, N), got shape {w.shape}")
   if bits not in kernel_lib.BITS:
     raise ValueError(f"bits must be one of {kernel_lib.BITS}, got {bits!r}")
-  k, n = w.shape
+  *lead, k, n = w.shape
   group_size = k if group_size == -1 else group_size
   if not isinstance(group_size, int) or group_size <= 0 or k % group_size:
     raise ValueError(f"group_size={group_size!r} must be a positive divisor of K={k} (or -1)")
   lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-  groups = w.astype(jnp.float32).reshape(k // group_size, group_size, n)
+  groups = w.astype(jnp.float32).reshape(*lead, k // group_size, group_size, n)
   if symmetric:
-    amax = jnp.max(jnp.abs(groups), axis=1)
+    amax = jnp.max(jnp.abs(groups), axis=-2)
     scales = jnp.where(amax > 0, amax / hi, 1.0)
     zeros = None
-    q = jnp.round(groups / scales[:, None])
+    q = jnp.round(groups / scales[..., None, :])
   else:
-    gmin, gmax = jnp.min(groups, axis=1), jnp.max(groups, axis=1)
+    gmin, gmax = jnp.min(groups, axis=-2), jnp.max(groups, axis=-2)
     scales = jnp.where(gmax > gmin, (gmax - gmin) / (hi - lo), 1.0)
     zeros = lo - gmin / scales
-    q = jnp.round(groups / scales[:, None] + zeros[:, None])
-  q = jnp.clip(q, lo, hi).reshape(k, n).T.astype(jnp.int4 if bits == 4 else jnp.int8)
+    q = jnp.round(groups / scales[..., None, :] + zeros[..., None, :])
+  q = jnp.clip(q, lo, hi).reshape(*lead, k, n)
+  q = jnp.swapaxes(q, -1, -2).astype(jnp.int4 if bits == 4 else jnp.int8)
   return QuantizedWeight(
       q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
   )
 
 
 def dequantize_weights(qw: QuantizedWeight, dtype=jnp.float32):
-  """The (K, N) weight `qw` stands for, computed in f32, returned as `dtype`."""
-  return dequantize_transposed(qw, dtype).T
+  """The (K, N) (or (E, K, N)) weight `qw` stands for, computed in f32, returned as `dtype`."""
+  return jnp.swapaxes(dequantize_transposed(qw, dtype), -1, -2)
 
 
 def dequantize_transposed(qw: QuantizedWeight, dtype=jnp.float32):
-  """The (N, K) transpose of the weight `qw` stands for, in the layout `qw.values` is
-  stored in."""
-  q = qw.values.astype(jnp.float32)  # (N, K)
-  repeat = lambda v: jnp.repeat(v.astype(jnp.float32).T, qw.group_size, axis=1)
+  """The (N, K) (or (E, N, K)) transpose of the weight `qw` stands for, in the layout
+  `qw.values` is stored in."""
+  q = qw.values.astype(jnp.float32)  # (..., N, K)
+  repeat = lambda v: jnp.repeat(jnp.swapaxes(v.astype(jnp.float32), -1, -2), qw.group_size, axis=-1)
   if qw.zeros is not None:
     q = q - repeat(qw.zeros)
   return (q * repeat(qw.scales)).astype(dtype)

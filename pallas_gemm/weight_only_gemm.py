@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 from jax import lax
@@ -73,6 +74,8 @@ class WeightOnlyProblem:
   after the K loop by the caller (or on the weights, with scale_on="weights").
   `zeros`: the groups carry -zero addends (of q). `out_dtype`, `bias` ((N,) f32)
   and `activation` (a built-in's name): the epilogue of the "tile" output.
+  `experts` > 0: w is a stack (E, N, K) of experts' weights (scales (E, K // G, N)),
+  and the token tiles come from a table (`tile_table`): each multiplies one expert.
   """
 
   m: int
@@ -85,6 +88,7 @@ class WeightOnlyProblem:
   out_dtype: str = "bfloat16"
   bias: bool = False
   activation: str | None = None
+  experts: int = 0
 
   @property
   def per_channel(self) -> bool:
@@ -193,6 +197,10 @@ class WeightOnlyConfig:
       raise ValueError(
           "WeightOnlyConfig.output='tile' needs scale_on='weights' (whole sums in one accumulator)"
       )
+    if problem.experts and self.output != "partials":
+      raise ValueError(
+          f"WeightOnlyConfig.output={self.output!r}: an expert problem stores 'partials'"
+      )
     if self.output == "tile" and self.split_k != 1:
       raise ValueError(
           f"WeightOnlyConfig.split_k={self.split_k}: the 'tile' output stores whole sums (use 1)"
@@ -263,9 +271,24 @@ def _transforms(bits: int, cols: int) -> tuple:
   )
 
 
-def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cfg, workers):
+class _Work(NamedTuple):
+  """One work item: K split, first x row of its token tile, first output column of
+  its partial sums, weight tile, and (experts) the expert and whether it has tokens."""
+
+  split: Any
+  row0: Any
+  col0: Any
+  ni: Any
+  expert: Any = None
+  active: Any = None
+
+
+def _kernel(
+    x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, table_gmem, out_gmem, *, p, cfg, workers
+):
   tm, tk, rows, tile_n = cfg.tile_m, cfg.tile_k, cfg.rows_per_wg, cfg.tile_n
-  n_tiles, m_tiles = tiles(p.n, tile_n), tiles(p.m, tm)
+  m_tiles = table_gmem.shape[1] if p.experts else tiles(p.m, tm)
+  n_tiles = tiles(p.n, tile_n)
   k_steps = tiles(p.k, tk)
   steps_per_split = tiles(k_steps, cfg.split_k)
   items = cfg.split_k * m_tiles * n_tiles
@@ -278,13 +301,31 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
   scaled = grouped or on_weights  # scales (and zeros) come through the ring
   scale_weights = scaled and (cfg.dequant == "smem" or on_weights)
   partial_cols = cfg.partial_cols
+  # Every item of a dense problem runs the same steps; an expert's empty tile runs none.
+  steps_of = {} if p.experts else dict(steps_of=steps_per_split, workers=workers)
 
-  def position(item):
-    """(split, token tile, weight tile) of a work item: weight tiles vary fastest, so
+  def position(item) -> _Work:
+    """The work item's (split, token tile, weight tile): weight tiles vary fastest, so
     concurrent CTAs share the token tile and each weight tile is read once per token tile."""
     ni = lax.rem(item, n_tiles)
     rest = lax.div(item, n_tiles)
-    return lax.div(rest, m_tiles), lax.rem(rest, m_tiles), ni
+    split, mi = lax.div(rest, m_tiles), lax.rem(rest, m_tiles)
+    if not p.experts:
+      return _Work(split, mi * tm, mi * tm, ni)
+    expert = table_gmem[0, mi]
+    row0 = pl.multiple_of(table_gmem[1, mi], 8)
+    return _Work(split, row0, mi * tm, ni, jnp.maximum(expert, 0), expert >= 0)
+
+  def for_active(work: _Work, body: Callable, steps: int):
+    """Runs `body` where the item has tokens; the ring steps it used (0 for none)."""
+    if work.active is None:
+      body()
+      return steps
+    pl.when(work.active)(body)
+    return jnp.where(work.active, steps, 0)
+
+  def expert_of(ref, work: _Work):
+    return ref if work.expert is None else ref.at[work.expert]
 
   def scoped(ring_refs, out_smem, w_smem=None):
     ring = pipeline.Ring.of(ring_refs)
@@ -293,26 +334,28 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
 
     def producer():
       def load(item, _, step0):
-        split, mi, ni = position(item)
+        work = position(item)
+        weights = pl.ds(work.ni * tile_n, tile_n)
 
-        @pl.loop(0, steps_per_split)
-        def _(k):
-          kk = split * steps_per_split + k  # past K: TMA zero-fills (the last split)
-          cols = pl.ds(kk * tk, tk)
-          views = [
-              w_gmem.at[pl.ds(ni * tile_n, tile_n), cols],
-              x_gmem.at[pl.ds(mi * tm, tm), cols],
-          ]
-          if scaled:
-            group = pl.ds(lax.div(kk * tk, p.group_size), 1)
-            views.append(scale_gmem.at[group, pl.ds(ni * tile_n, tile_n)])
-            if p.zeros:
-              views.append(zero_gmem.at[group, pl.ds(ni * tile_n, tile_n)])
-          ring.fill(step0 + k, views)
+        def fill():
+          @pl.loop(0, steps_per_split)
+          def _(k):
+            kk = work.split * steps_per_split + k  # past K: TMA zero-fills (the last split)
+            cols = pl.ds(kk * tk, tk)
+            views = [
+                expert_of(w_gmem, work).at[weights, cols],
+                x_gmem.at[pl.ds(work.row0, tm), cols],
+            ]
+            if scaled:
+              group = pl.ds(lax.div(kk * tk, p.group_size), 1)
+              views.append(expert_of(scale_gmem, work).at[group, weights])
+              if p.zeros:
+                views.append(expert_of(zero_gmem, work).at[group, weights])
+            ring.fill(step0 + k, views)
 
-        return steps_per_split
+        return for_active(work, fill, steps_per_split)
 
-      ring.drain(pipeline.persistent_loop(items, load, steps_of=steps_per_split, workers=workers))
+      ring.drain(pipeline.persistent_loop(items, load, **steps_of))
 
     def convert(w_tile, group_tiles):
       """The convert stage: this warpgroup's weight rows as q - zero in registers, times
@@ -344,19 +387,19 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
       scale = _compat.load_registers(scale_tile.at[0, mine], row_layout)
       return lax.broadcast_in_dim(scale.astype(jnp.float32), (rows, tm), (0,))
 
-    def store_partials(result, split, mi, ni):
+    def store_partials(result, split, col0, ni):
       """The f32 (rows, tokens) sums, `partial_cols` tokens per store through one slot."""
       slot = out_smem.at[wg]
       for c in range(tm // partial_cols):
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
         slot[...] = result[:, c * partial_cols : (c + 1) * partial_cols]
         plgpu.commit_smem()
-        tokens = pl.ds(mi * tm + c * partial_cols, partial_cols)
+        tokens = pl.ds(col0 + c * partial_cols, partial_cols)
         plgpu.copy_smem_to_gmem(
             slot, out_gmem.at[split, pl.ds(ni * tile_n + wg * rows, rows), tokens]
         )
 
-    def store_tile(result, mi, ni):
+    def store_tile(result, row0, ni):
       """bias and activation on this warpgroup's (rows, tokens) sums, stored transposed
       as the (tokens, rows) block of the (M, N) output (TMA clips the edges)."""
       columns = pl.ds(ni * tile_n + wg * rows, rows)
@@ -369,7 +412,7 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store read the slot
       _compat.transpose_2d(slot)[...] = result.astype(out_gmem.dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(slot, out_gmem.at[pl.ds(mi * tm, tm), columns])
+      plgpu.copy_smem_to_gmem(slot, out_gmem.at[pl.ds(row0, tm), columns])
 
     def tokens(k, w_tile, x_tile, *group_tiles):
       return _compat.transpose_2d(x_tile)
@@ -385,51 +428,50 @@ def _kernel(x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, out_gmem, *, p, cf
 
     def consumer():
       def compute(item, _, step0):
-        split, mi, ni = position(item)
-        if cfg.mma == "warp":
-          start = jnp.zeros((rows, tm), jnp.float32)
-          total = ring.mma_warp(start, step0, 0, steps_per_split, warp_operands)
-          store_partials(total, split, mi, ni)
-          return steps_per_split
-        if not on_weights and w_smem is None and grouped:  # scales on each step's product
-          store_partials(
-              ring.mma_promoted(
-                  (rows, tm),
-                  step0,
-                  0,
-                  steps_per_split,
-                  operands,
-                  promote,
-                  depth=cfg.promotion_depth,
-              ),
-              split,
-              mi,
-              ni,
-          )
-          return steps_per_split
+        work = position(item)
+        split, ni = work.split, work.ni
 
-        @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
-        def _(acc):
-          if on_weights and w_smem is None:  # the next step converts during this one's WGMMA
-            ring.mma_register_operand(
-                acc,
+        def run():
+          if cfg.mma == "warp":
+            start = jnp.zeros((rows, tm), jnp.float32)
+            total = ring.mma_warp(start, step0, 0, steps_per_split, warp_operands)
+            store_partials(total, split, work.col0, ni)
+            return
+          if not on_weights and w_smem is None and grouped:  # scales on each step's product
+            total = ring.mma_promoted(
+                (rows, tm),
                 step0,
                 0,
                 steps_per_split,
-                lambda k, w_tile, x_tile, *group_tiles: convert(w_tile, group_tiles),
-                tokens,
+                operands,
+                promote,
+                depth=cfg.promotion_depth,
             )
-          else:
-            # A register operand must stay untouched until its WGMMA is done: no overlap.
-            ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
-          if tile_output:
-            store_tile(acc[...], mi, ni)
-          else:
-            store_partials(acc[...], split, mi, ni)
+            store_partials(total, split, work.col0, ni)
+            return
 
-        return steps_per_split
+          @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
+          def _(acc):
+            if on_weights and w_smem is None:  # the next step converts during this WGMMA
+              ring.mma_register_operand(
+                  acc,
+                  step0,
+                  0,
+                  steps_per_split,
+                  lambda k, w_tile, x_tile, *group_tiles: convert(w_tile, group_tiles),
+                  tokens,
+              )
+            else:
+              # A register operand must stay untouched until its WGMMA is done: no overlap.
+              ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
+            if tile_output:
+              store_tile(acc[...], work.row0, ni)
+            else:
+              store_partials(acc[...], split, work.col0, ni)
 
-      pipeline.persistent_loop(items, compute, steps_of=steps_per_split, workers=workers)
+        return for_active(work, run, steps_per_split)
+
+      pipeline.persistent_loop(items, compute, **steps_of)
       plgpu.wait_smem_to_gmem(0)
 
     pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
@@ -474,6 +516,7 @@ def weight_only_gemm(
     scales,
     zeros,
     bias=None,
+    table=None,
     *,
     problem: WeightOnlyProblem,
     config: WeightOnlyConfig,
@@ -487,19 +530,27 @@ def weight_only_gemm(
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8; scales and zeros (the
   -zero addends of q): (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
-  (N rounded up to tile_n,) f32 when `problem.bias`.
+  (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
+  and zeros carry the leading E, `table` is `tile_table`'s (2, T) int32, and the
+  partial sums are (split_k, N, T * tile_m), token tile t in columns [t * tile_m, ...).
   """
   config.validate(problem)
   workers = num_sms or DEFAULT_NUM_SMS
-  m_pad = tiles(problem.m, config.tile_m) * config.tile_m
-  items = config.split_k * tiles(problem.m, config.tile_m) * tiles(problem.n, config.tile_n)
+  if problem.experts:
+    if table is None or table.ndim != 2 or table.shape[0] != 2:
+      raise ValueError(f"table must be tile_table's (2, T) array, got {table!r}")
+    token_tiles = table.shape[1]
+  else:
+    token_tiles = tiles(problem.m, config.tile_m)
+  items = config.split_k * token_tiles * tiles(problem.n, config.tile_n)
   workers = min(workers, items)
   kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
   if config.output == "tile":  # whole TMA tiles of the transposed store: (8, 64) elements
     out_shape = (round_up(problem.m, 8), round_up(problem.n, 64))
     out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))
   else:
-    out_type = jax.ShapeDtypeStruct((config.split_k, problem.n, m_pad), jnp.float32)
+    out_shape = (config.split_k, problem.n, token_tiles * config.tile_m)
+    out_type = jax.ShapeDtypeStruct(out_shape, jnp.float32)
   launch = pipeline.launch(
       kernel,
       out_type=out_type,
@@ -510,4 +561,48 @@ def weight_only_gemm(
   scale_arg = scales if scales is not None else jnp.zeros((1, 1), problem.dtype)
   zero_arg = zeros if zeros is not None else jnp.zeros((1, 1), problem.dtype)
   bias_arg = bias if bias is not None else jnp.zeros((1,), jnp.float32)
-  return launch(x, w, scale_arg, zero_arg, bias_arg)
+  table_arg = table if table is not None else jnp.zeros((2, 1), jnp.int32)
+  return launch(x, w, scale_arg, zero_arg, bias_arg, table_arg)
+
+
+def tile_table(group_sizes, m: int, tile_m: int, token_tiles: int):
+  """(2, token_tiles) int32 for an expert problem: each token tile's expert (-1: unused)
+  and first x row, and (M,) int32: each row's output column in the partial sums.
+
+  Expert e's rows [start_e, start_e + size_e) are cut into tile_m-row tiles from
+  start_e rounded down to a multiple of 8 (TMA's row tiling; the rows before
+  start_e belong to the previous expert and are ignored); tile t's sums are
+  columns [t * tile_m, (t + 1) * tile_m). Rows past sum(group_sizes) get column -1.
+  `max_token_tiles(m, experts, tile_m)` tiles always suffice.
+
+  >>> table, columns = tile_table(jnp.array([5, 0, 11]), 16, 16, max_token_tiles(16, 3, 16))
+  >>> table[:, :3].tolist(), columns.tolist()
+  ([[0, 2, -1], [0, 0, 0]], [0, 1, 2, 3, 4, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31])
+  """
+  sizes = jnp.clip(jnp.asarray(group_sizes, jnp.int32), 0, m)
+  ends = jnp.minimum(jnp.cumsum(sizes), m)
+  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+  bases = starts // 8 * 8
+  counts = jnp.where(ends > starts, (ends - bases + tile_m - 1) // tile_m, 0)
+  first_tile = jnp.cumsum(counts) - counts
+  t = jnp.arange(token_tiles, dtype=jnp.int32)
+  expert = jnp.searchsorted(jnp.cumsum(counts), t, side="right").astype(jnp.int32)
+  used = t < counts.sum()
+  expert_c = jnp.minimum(expert, sizes.shape[0] - 1)
+  row0 = bases[expert_c] + (t - first_tile[expert_c]) * tile_m
+  table = jnp.stack([jnp.where(used, expert_c, -1), jnp.where(used, row0, 0)])
+  r = jnp.arange(m, dtype=jnp.int32)
+  owner = jnp.minimum(jnp.searchsorted(ends, r, side="right"), sizes.shape[0] - 1)
+  offset = r - bases[owner]
+  column = (first_tile[owner] + offset // tile_m) * tile_m + offset % tile_m
+  return table.astype(jnp.int32), jnp.where(r < ends[-1], column, -1).astype(jnp.int32)
+
+
+def max_token_tiles(m: int, experts: int, tile_m: int) -> int:
+  """An upper bound of `tile_table`'s tiles: each expert adds at most two partial ones
+  (its rounded-down start, its end).
+
+  >>> max_token_tiles(16, 3, 16)
+  7
+  """
+  return tiles(m, tile_m) + 2 * min(experts, m)

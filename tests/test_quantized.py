@@ -14,10 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_gemm
 from pallas_gemm import _compat
 from pallas_gemm import int8 as int8_lib
 from pallas_gemm import weight_only as wo
 from pallas_gemm import weight_only_gemm as kernel_lib
+from pallas_gemm import weight_only_grouped as grouped
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
@@ -522,3 +524,112 @@ def test_benchmark_runs_on_the_cpu(capsys, tmp_path):
   out = capsys.readouterr().out
   assert "| 20x384x256 |" in out and "| 72x136x256 |" in out
   assert (tmp_path / "quantized.json").exists()
+
+
+# -- grouped (experts) ---------------------------------------------------------------------
+def _grouped_case(seed, m, experts, n, k, bits, group_size, symmetric, sizes):
+  rng = np.random.default_rng(seed)
+  w = jnp.asarray(rng.standard_normal((experts, k, n)) / np.sqrt(k), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  qw = wo.quantize_weights(w, bits, group_size, symmetric=symmetric)
+  deq = np.asarray(wo.dequantize_weights(qw), np.float64)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64)
+  ref, start = np.zeros((m, n)), 0
+  for expert, size in enumerate(sizes):
+    ref[start : start + size] = x64[start : start + size] @ deq[expert]
+    start += size
+  return x, qw, jnp.asarray(sizes, jnp.int32), ref
+
+
+@needs_transposes
+@pytest.mark.parametrize(
+    "m,experts,n,k,bits,group_size,symmetric,sizes",
+    [
+        (21, 3, 136, 256, 4, 128, True, [5, 0, 11]),  # an empty expert, rows past the sum
+        pytest.param(  # per channel with zeros; a tile starting mid-expert
+            40, 3, 128, 512, 8, -1, False, [20, 3, 9], marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_grouped_interpret_matches_float64(m, experts, n, k, bits, group_size, symmetric, sizes):
+  x, qw, group_sizes, ref = _grouped_case(12, m, experts, n, k, bits, group_size, symmetric, sizes)
+  for implementation in ("interpret", "xla"):
+    y = pallas_gemm.quantized_ragged_dot(x, qw, group_sizes, implementation=implementation)
+    assert y.shape == (m, n) and y.dtype == jnp.bfloat16
+    assert (np.asarray(y[sum(sizes) :]) == 0).all()
+    assert _rel_err(y, ref) < BOUND
+
+
+@pytest.mark.parametrize("mma", ["wgmma", "warp"])
+def test_grouped_kernel_lowers_for_cuda(mma):
+  if mma == "warp" and not _compat.HAS_WARP_MMA:
+    pytest.skip(f"jax {jax.__version__} has no plgpu.mma")
+  m, experts, n, k = 64, 8, 2048, 1024
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=4, group_size=128, zeros=True, experts=experts
+  )
+  config = dataclasses.replace(grouped.grouped_config(problem, 132), mma=mma)
+  tiles = kernel_lib.max_token_tiles(m, experts, config.tile_m)
+  args = (
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((experts, n, k), jnp.int4),
+      jax.ShapeDtypeStruct((experts, k // 128, n), jnp.bfloat16),
+      jax.ShapeDtypeStruct((experts, k // 128, n), jnp.bfloat16),
+      None,
+      jax.ShapeDtypeStruct((2, tiles), jnp.int32),
+  )
+  f = lambda *a: kernel_lib.weight_only_gemm(*a, problem=problem, config=config)
+  exported = jax.export.export(jax.jit(f), platforms=["cuda"])(*args)
+  assert exported.out_avals[0].shape == (config.split_k, n, tiles * config.tile_m)
+  assert "mosaic_gpu" in exported.mlir_module()
+
+
+def test_tile_table_covers_every_row_once():
+  sizes = jnp.array([20, 0, 3, 9], jnp.int32)
+  table, columns = kernel_lib.tile_table(sizes, 40, 16, kernel_lib.max_token_tiles(40, 4, 16))
+  expert, row0 = np.asarray(table)
+  used = expert >= 0
+  assert (row0 % 8 == 0).all() and not used[used.argmin() :].any()  # used tiles first
+  cols = np.asarray(columns)
+  assert (cols[32:] == -1).all() and len(set(cols[:32])) == 32  # each row its own column
+  owner = np.repeat(np.arange(4), np.asarray(sizes))
+  for r in range(32):  # the column's tile belongs to the row's expert and holds the row
+    t = cols[r] // 16
+    assert expert[t] == owner[r] and row0[t] + cols[r] % 16 == r
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda x, qw, gs: (x, qw.values, gs), TypeError, "qw must be a QuantizedWeight"),
+        (lambda x, qw, gs: (x, wo.quantize_weights(jnp.ones((256, 8))), gs), ValueError, "stack"),
+        (lambda x, qw, gs: (x[:, :128], qw, gs), ValueError, "x must be"),
+        (lambda x, qw, gs: (x.astype(jnp.float32), qw, gs), TypeError, "x must be one of"),
+        (lambda x, qw, gs: (x, qw, gs[:2]), ValueError, "group_sizes must be"),
+    ],
+)
+def test_grouped_bad_arguments_get_named_errors(call, error, match):
+  x = jnp.ones((4, 256), jnp.bfloat16)
+  qw = wo.quantize_weights(jnp.ones((3, 256, 8)), 4, 128)
+  with pytest.raises(error, match=match):
+    pallas_gemm.quantized_ragged_dot(*call(x, qw, jnp.array([1, 1, 2])))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma", ["wgmma", "warp"])
+@pytest.mark.parametrize(
+    "m,experts,n,k,bits,group_size,symmetric,sizes",
+    [
+        (64, 8, 1000, 2048, 4, 128, True, [0, 13, 8, 8, 1, 20, 0, 10]),
+        (300, 4, 4096, 1024, 8, -1, False, [100, 0, 150, 40]),
+    ],
+)
+def test_grouped_on_the_gpu(m, experts, n, k, bits, group_size, symmetric, sizes, mma):
+  x, qw, group_sizes, ref = _grouped_case(13, m, experts, n, k, bits, group_size, symmetric, sizes)
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=bits, group_size=qw.group_size, zeros=not symmetric, experts=experts
+  )
+  config = dataclasses.replace(grouped.grouped_config(problem, 132), mma=mma)
+  y = pallas_gemm.quantized_ragged_dot(x, qw, group_sizes, config=config, implementation="pallas")
+  assert (np.asarray(y[sum(sizes) :]) == 0).all()
+  assert _rel_err(y, ref) < BOUND
