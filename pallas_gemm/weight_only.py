@@ -251,11 +251,11 @@ def default_config(
   rows = 128 if tile_m <= 32 and tile_k <= 128 else 64
   items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
   step_us = STEP_US * (rows / 64) * (tile_k / 128) * problem.bits / 4
-  split_k = _split_k(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
+  split_k = split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
   )
-  return deepest_ring(_rows_that_fit(config, problem), problem)
+  return deepest_ring(rows_that_fit(config, problem), problem)
 
 
 def _prefill_config(problem, num_sms, dequant):
@@ -267,7 +267,7 @@ def _prefill_config(problem, num_sms, dequant):
     items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * 64)
     step_us = prefill_step_us(tile_m)
     k_steps = tiles(problem.k, 64)
-    split_k = _split_k(problem, items, k_steps, step_us, tile_m, num_sms)
+    split_k = split_k_by_model(problem, items, k_steps, step_us, tile_m, num_sms)
     cost = _cost(problem, items, k_steps, step_us, tile_m, num_sms, split_k)
     if best is None or cost < best[0]:
       best = cost, tile_m, split_k
@@ -297,7 +297,7 @@ def _cost(problem, items, k_steps, step_us, tile_m, num_sms, splits):
   return cost + (splits > 1) * splits * partial_us
 
 
-def _split_k(problem, items, k_steps, step_us, tile_m, num_sms) -> int:
+def split_k_by_model(problem, items, k_steps, step_us, tile_m, num_sms) -> int:
   """The split-K count (1-16) of the least modelled time."""
   costs = {
       splits: _cost(problem, items, k_steps, step_us, tile_m, num_sms, splits)
@@ -306,12 +306,38 @@ def _split_k(problem, items, k_steps, step_us, tile_m, num_sms) -> int:
   return min(costs, key=costs.get)
 
 
-def _rows_that_fit(config, problem):
+def rows_that_fit(config, problem):
   """`config`, with 64 weight rows per warpgroup if its rows do not fit two stages in SMEM
   (the SMEM convert's double-buffered tiles grow with them)."""
   if dataclasses.replace(config, stages=2).smem_bytes(problem) > kernel_lib.SMEM_BYTES:
     return dataclasses.replace(config, rows_per_wg=64)
   return config
+
+
+def interpret_config(config, problem):
+  """`config` as the GPU interpreter runs it: the SMEM convert and WGMMA (it has no
+  register operand and no warp-level MMA), and whole K splits (it does not zero-fill
+  past K), in no more stages than `config` had."""
+  k_steps = tiles(problem.k, config.tile_k)
+  split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
+  fields = dict(dequant="smem", mma="wgmma", split_k=split_k)
+  config = rows_that_fit(dataclasses.replace(config, **fields), problem)
+  return deepest_ring(config, problem, most=config.stages)
+
+
+def problem_of(x, qw: QuantizedWeight, **fields) -> kernel_lib.WeightOnlyProblem:
+  """The kernel's problem for (M, K) activations `x` times `qw` (one weight or a stack)."""
+  *_, n, k = qw.values.shape
+  return kernel_lib.WeightOnlyProblem(
+      m=x.shape[0],
+      n=n,
+      k=k,
+      bits=qw.bits,
+      group_size=qw.group_size,
+      dtype=x.dtype.name,
+      zeros=qw.zeros is not None,
+      **fields,
+  )
 
 
 def deepest_ring(config, problem, most: int = 16):
@@ -323,7 +349,7 @@ def deepest_ring(config, problem, most: int = 16):
   return config
 
 
-def _kernel_fits(problem: kernel_lib.WeightOnlyProblem) -> str | None:
+def kernel_fits(problem: kernel_lib.WeightOnlyProblem) -> str | None:
   """Why the kernel cannot run this problem (None: it can)."""
   if problem.k % 256:
     return f"K={problem.k} is not a multiple of 256 (TMA's swizzled rows of both operands)"
@@ -384,16 +410,8 @@ def quantized_matmul(
   out_dtype = jnp.dtype(out_dtype or x.dtype)
   lead, x2 = x.shape[:-1], x.reshape(-1, k)
   m = x2.shape[0]
-  problem = kernel_lib.WeightOnlyProblem(
-      m=m,
-      n=n,
-      k=k,
-      bits=qw.bits,
-      group_size=qw.group_size,
-      dtype=x.dtype.name,
-      zeros=qw.zeros is not None,
-  )
-  why_not = _kernel_fits(problem)
+  problem = problem_of(x2, qw)
+  why_not = kernel_fits(problem)
   if implementation in (None, "auto"):
     use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= KERNEL_MAX_M
     implementation = "pallas" if use_kernel else "xla"
@@ -435,12 +453,8 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   config = config or default_config(problem, num_sms or kernel_lib.DEFAULT_NUM_SMS)
   tile_output = config.output == "tile"
   on_weights = config.scale_on == "weights"
-  if interpret:  # no register operand there, and no zero fill past K: whole splits
-    k_steps = tiles(problem.k, config.tile_k)
-    split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
-    smem = dict(dequant="smem", mma="wgmma", split_k=split_k)  # no warp-level MMA either
-    config = _rows_that_fit(dataclasses.replace(config, **smem), problem)
-    config = deepest_ring(config, problem, most=config.stages)
+  if interpret:
+    config = interpret_config(config, problem)
   m_rows = round_up(problem.m, config.tile_m) if interpret else tma_rows(problem.m)
   x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x
   values, n = qw.values, problem.n

@@ -56,7 +56,7 @@ def grouped_config(
   active = tiles(problem.m, tile_m) + min(problem.experts, problem.m)
   items = active * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * 64)
   step_us = wo.STEP_US * (tile_k / 128) * problem.bits / 4
-  split_k = wo._split_k(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
+  split_k = wo.split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m,
       tile_k=tile_k,
@@ -117,17 +117,8 @@ def quantized_ragged_dot(
   if implementation in (None, "xla") or 0 in (m, n):
     w = wo.dequantize_weights(qw, x.dtype)  # (E, K, N)
     return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=out_dtype)
-  problem = kernel_lib.WeightOnlyProblem(
-      m=m,
-      n=n,
-      k=k,
-      bits=qw.bits,
-      group_size=qw.group_size,
-      dtype=x.dtype.name,
-      zeros=qw.zeros is not None,
-      experts=experts,
-  )
-  why_not = wo._kernel_fits(problem)
+  problem = wo.problem_of(x, qw, experts=experts)
+  why_not = wo.kernel_fits(problem)
   if why_not is not None:
     raise ValueError(
         f"implementation={implementation!r}: the weight-only kernel cannot run: {why_not}"
@@ -142,12 +133,8 @@ def quantized_ragged_dot(
   if not isinstance(config, kernel_lib.WeightOnlyConfig):
     raise TypeError(f"config must be a WeightOnlyConfig or None, got {type(config).__name__}")
   values = qw.values
-  if interpret:  # no register operand, no zero fill: SMEM convert, whole splits and tiles
-    k_steps = tiles(k, config.tile_k)
-    split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
-    fields = dict(dequant="smem", mma="wgmma", split_k=split_k)
-    config = wo._rows_that_fit(dataclasses.replace(config, **fields), problem)
-    config = wo.deepest_ring(config, problem, most=config.stages)
+  if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
+    config = wo.interpret_config(config, problem)
     values = jnp.pad(values, ((0, 0), (0, round_up(n, config.tile_n) - n), (0, 0)))
   token_tiles = kernel_lib.max_token_tiles(m, experts, config.tile_m)
   table, columns = kernel_lib.tile_table(group_sizes, m, config.tile_m, token_tiles)
