@@ -112,6 +112,10 @@ class Ring:
   def slot(self, step):
     return lax.rem(step, self.stages)
 
+  def stage(self, slot) -> tuple:
+    """The views of every buffer at `slot`."""
+    return tuple(buffer.at[slot] for buffer in self.buffers)
+
   def fill(self, step, sources: Sequence, collective: Sequence = ()) -> None:
     """Producer: TMA-copies `sources[i]` (GMEM views) into buffer i of `step`'s slot,
     once the slot's previous contents are released. `collective[i]`: the cluster
@@ -158,7 +162,7 @@ class Ring:
       step = step0 + k - k_begin
       slot = self.slot(step)
       plgpu.barrier_wait(self.loaded.at[slot])
-      pairs = operands(k, *(buffer.at[slot] for buffer in self.buffers))
+      pairs = operands(k, *self.stage(slot))
       for acc_ref, pair in zip(accs, pairs if isinstance(acc, tuple) else (pairs,), strict=True):
         plgpu.wgmma(acc_ref, *pair)
       plgpu.wgmma_wait(len(accs))  # the previous stage's WGMMAs are done: release it
@@ -182,7 +186,7 @@ class Ring:
     def _(k):
       slot = self.slot(step0 + k - k_begin)
       plgpu.barrier_wait(self.loaded.at[slot])
-      plgpu.wgmma(acc, *operands(k, *(buffer.at[slot] for buffer in self.buffers)))
+      plgpu.wgmma(acc, *operands(k, *self.stage(slot)))
       plgpu.wgmma_wait(0)
       plgpu.barrier_arrive(self.consumed.at[slot])
 
@@ -205,7 +209,7 @@ class Ring:
 
     def views(k):
       slot = self.slot(step0 + k - k_begin)
-      return slot, tuple(buffer.at[slot] for buffer in self.buffers)
+      return slot, self.stage(slot)
 
     def ready(k):
       slot, stage = views(k)
@@ -252,7 +256,7 @@ class Ring:
     def step(k, total):
       slot = self.slot(step0 + k - k_begin)
       plgpu.barrier_wait(self.loaded.at[slot])
-      a, b = operands(k, *(buffer.at[slot] for buffer in self.buffers))
+      a, b = operands(k, *self.stage(slot))
       plgpu.barrier_arrive(self.consumed.at[slot])
       return plgpu.mma(total, a, b)
 
@@ -275,7 +279,7 @@ class Ring:
     def issue(k, acc):
       slot = self.slot(step0 + k - k_begin)
       plgpu.barrier_wait(self.loaded.at[slot])
-      views = tuple(buffer.at[slot] for buffer in self.buffers)
+      views = self.stage(slot)
       plgpu.wgmma(acc, *operands(k, *views))
       return slot, views
 

@@ -201,6 +201,17 @@ STEP_US = 0.55
 NOTES exp. 67): the kernel is bound by its consumers' convert-and-multiply latency."""
 PARTIAL_BYTES_PER_US = 3.0e6
 """HBM rate at which XLA's fusion writes and reads the f32 split-K partials."""
+
+
+def decode_step_us(rows_per_wg: int, tile_k: int, bits: int) -> float:
+  """`STEP_US` scaled to a step's weight bytes (two warpgroups of `rows_per_wg` rows).
+
+  >>> decode_step_us(128, 128, 4), decode_step_us(64, 64, 8)
+  (1.1, 0.55)
+  """
+  return STEP_US * (rows_per_wg / 64) * (tile_k / 128) * bits / 4
+
+
 DECODE_MAX_M = 64
 """Up to this many tokens the group scales multiply each step's product (decode);
 above, they multiply the converted weights (scale_on="weights")."""
@@ -250,7 +261,7 @@ def default_config(
   )
   rows = 128 if tile_m <= 32 and tile_k <= 128 else 64
   items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
-  step_us = STEP_US * (rows / 64) * (tile_k / 128) * problem.bits / 4
+  step_us = decode_step_us(rows, tile_k, problem.bits)
   split_k = split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows

@@ -357,17 +357,21 @@ def _kernel(
 
       ring.drain(pipeline.persistent_loop(items, load, **steps_of))
 
-    def convert(w_tile, group_tiles):
+    def convert(w_tile, group_tiles, *, wgmma: bool = True):
       """The convert stage: this warpgroup's weight rows as q - zero in registers, times
-      the group scale where the weights carry it (else `promote` scales the product)."""
-      w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
-      w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
+      the group scale where the weights carry it (else `promote` scales the product).
+      `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
+      if wgmma:
+        w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
+        w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
+        rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
+      else:
+        w = w_tile.at[mine][...].astype(dtype)
+        rows_of = lambda ref: ref[0, mine]
       if p.zeros and scaled:
-        zero = _compat.load_registers(group_tiles[1].at[0, mine], row_layout)
-        w = w + lax.broadcast_in_dim(zero, w.shape, (0,))
+        w = w + lax.broadcast_in_dim(rows_of(group_tiles[1]), w.shape, (0,))
       if scale_weights:
-        scale = _compat.load_registers(group_tiles[0].at[0, mine], row_layout)
-        w = w * lax.broadcast_in_dim(scale, w.shape, (0,))
+        w = w * lax.broadcast_in_dim(rows_of(group_tiles[0]), w.shape, (0,))
       return w
 
     def operands(k, w_tile, x_tile, *group_tiles):
@@ -418,13 +422,8 @@ def _kernel(
       return _compat.transpose_2d(x_tile)
 
     def warp_operands(k, w_tile, x_tile, *group_tiles):
-      """(weights, tokens) of one step as register arrays for warp-level MMA: the
-      converted, scaled weights and the tokens read through a transposed view."""
-      w = w_tile.at[mine][...].astype(dtype)
-      if p.zeros:
-        w = w + lax.broadcast_in_dim(group_tiles[1][0, mine], w.shape, (0,))
-      w = w * lax.broadcast_in_dim(group_tiles[0][0, mine], w.shape, (0,))
-      return w, _compat.transpose_2d(x_tile)[...]
+      """(weights, tokens) of one step as register arrays for warp-level MMA."""
+      return convert(w_tile, group_tiles, wgmma=False), tokens(k, w_tile, x_tile)[...]
 
     def consumer():
       def compute(item, _, step0):

@@ -55,7 +55,7 @@ def grouped_config(
   tile_k = 128 if (problem.per_channel or problem.group_size % 128 == 0) else 64
   active = tiles(problem.m, tile_m) + min(problem.experts, problem.m)
   items = active * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * 64)
-  step_us = wo.STEP_US * (tile_k / 128) * problem.bits / 4
+  step_us = wo.decode_step_us(64, tile_k, problem.bits)
   split_k = wo.split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m,
