@@ -2,7 +2,7 @@
 
     python -m benchmarks.quantized                   # GPU: decode and prefill shapes
     python -m benchmarks.quantized --cpu-smoke       # no GPU: tiny shapes, interpret/XLA, wall clock
-    python -m benchmarks.quantized --part w8a8       # one part: weight_only or w8a8
+    python -m benchmarks.quantized --part w8a8       # one part: weight_only, grouped or w8a8
 
 Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
   bf16_dot       jnp.dot(x, w) on the bf16 weight
@@ -13,6 +13,11 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
                  to XLA (M > 2048), whether the kernel would have been faster
   int8_ours      int8, per-channel scales, the default route
+Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
+  bf16_ragged    jax.lax.ragged_dot on the bf16 experts
+  int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot (the default)
+  int4_kernel    the weight-only kernel over one-expert token tiles (WGMMA)
+  int4_warp      the same with warp-level MMA
 W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
   bf16_dot       jnp.dot on bf16 operands
   int8_ours      the dense kernel, s8 x s8 -> s32, scales in the epilogue
@@ -41,13 +46,24 @@ from benchmarks.matmul import cupti_times_ms, environment
 from pallas_gemm import _compat
 from pallas_gemm import int8 as int8_lib
 from pallas_gemm import weight_only as wo
+from pallas_gemm import weight_only_grouped as wo_grouped
 
 WEIGHTS = ((4096, 14336), (14336, 4096), (8192, 28672), (4096, 128256))
 """(K, N) weights of Llama-3 8B/70B projections and a 128k-vocabulary head."""
 TOKENS = (1, 16, 64, 128, 256, 512, 2048, 4096)
 W8A8_SHAPES = ((8192, 8192, 8192), (8192, 6144, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
 """MxNxK: 8192^3 and Llama-3-8B's qkv, gate/up and down projections at 8k tokens."""
-SMOKE = dict(weights=((256, 384),), tokens=(20,), w8a8=((72, 136, 256),))
+EXPERTS = ((8, 4096, 14336), (8, 14336, 4096))
+"""(E, K, N): Mixtral-8x7B's expert up (gate) and down projections."""
+ROUTED = (16, 64, 256, 1024)
+"""Routed rows (tokens x top-k) of the grouped part."""
+SMOKE = dict(
+    weights=((256, 384),),
+    tokens=(20,),
+    w8a8=((72, 136, 256),),
+    experts=((3, 256, 136),),
+    routed=(40,),
+)
 L2_BYTES = 50 * 2**20
 
 
@@ -163,6 +179,82 @@ def run_weight_only(weights, tokens, *, implementation, rounds, iterations, time
   return rows
 
 
+def _group_sizes(rng, m: int, experts: int):
+  """m rows routed over the experts at random (some experts may get none)."""
+  return jnp.asarray(rng.multinomial(m, np.full(experts, 1 / experts)), jnp.int32)
+
+
+def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, timer, log=print):
+  rows = []
+  rng = np.random.default_rng(2)
+  gpu = implementation is None
+
+  def kernel(mma):
+    def run(x, qw, sizes):
+      e, n, k = qw.values.shape
+      problem = wo.kernel_lib.WeightOnlyProblem(
+          m=x.shape[0], n=n, k=k, bits=4, group_size=qw.group_size, experts=e
+      )
+      config = dataclasses.replace(
+          wo_grouped.grouped_config(problem, _compat.device_sm_count() or 132), mma=mma
+      )
+      return wo_grouped.quantized_ragged_dot(x, qw, sizes, config=config, implementation="pallas")
+
+    return run
+
+  contenders = {
+      "bf16_ragged": lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes),
+      "int4_xla": lambda x, qw, sizes: wo_grouped.quantized_ragged_dot(
+          x, qw, sizes, implementation="xla"
+      ),
+      "int4_kernel": (
+          kernel("wgmma")
+          if gpu
+          else (
+              lambda x, qw, sizes: wo_grouped.quantized_ragged_dot(
+                  x, qw, sizes, implementation="interpret"
+              )
+          )
+      ),
+      "int4_warp": kernel("warp") if gpu and _compat.HAS_WARP_MMA else None,
+  }
+  contenders = {k: v for k, v in contenders.items() if v is not None}
+  for e, k, n in experts_shapes:
+    w = jnp.asarray(rng.standard_normal((e, k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
+    q4 = wo.quantize_weights(w, bits=4, group_size=128)
+    w64 = np.asarray(w.astype(jnp.float32), np.float64)
+    d64 = np.asarray(wo.dequantize_weights(q4), np.float64)
+    for m in routed:
+      x = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
+      sizes = _group_sizes(rng, m, e)
+      x64 = np.asarray(x.astype(jnp.float32), np.float64)
+      bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
+      reference = lambda ws: np.concatenate(
+          [x64[bounds[i] : bounds[i + 1]] @ ws[i] for i in range(e)]
+      )
+      case = f"{m}x{e}x{n}x{k}"
+      samples, refs = {}, {}
+      for name, fn in contenders.items():
+        operand = w if name == "bf16_ragged" else q4
+        ref = refs.setdefault(operand is w, reference(w64 if operand is w else d64))
+        err = _rel_err(jax.jit(fn)(x, operand, sizes), ref)
+        log(f"grouped {case:20s} {name:11s} rel. error vs float64 {err:.1e}")
+        if err > 1e-2:
+          raise SystemExit(f"{case} {name}: relative error {err:.1e}")
+      cycled = {name: _cycled(fn) for name, fn in contenders.items()}
+      args = {name: [(x, w if name == "bf16_ragged" else q4, sizes)] for name in contenders}
+      for _ in range(rounds):
+        for name in contenders:
+          _timed(cycled[name], args[name], samples, name, iterations, timer)
+      for name, times in samples.items():
+        med = statistics.median(times)
+        rows.append(
+            dict(part="grouped", case=case, m=m, n=n, k=k, experts=e, contender=name, median_ms=med)
+        )
+        log(f"grouped {case:20s} {name:11s} {med * 1e3:9.1f} us")
+  return rows
+
+
 def run_w8a8(shapes, *, implementation, rounds, iterations, timer, log=print):
   rows = []
   rng = np.random.default_rng(1)
@@ -237,6 +329,21 @@ def format_tables(rows, hbm_gbps) -> str:
       s8 = c["bf16_dot"]["median_ms"] / c["int8_ours"]["median_ms"]
       roof = 100 * c["int4_ours"]["gbps"] / hbm_gbps if hbm_gbps else float("nan")
       lines.append(f"| {case} | {cells} | {s4:.2f} | {s8:.2f} | {roof:.0f} |")
+  grouped = [r for r in rows if r["part"] == "grouped"]
+  if grouped:
+    names = list(dict.fromkeys(r["contender"] for r in grouped))
+    lines += [
+        "",
+        "| rows x E x N x K | " + " | ".join(f"{n} us" for n in names) + " | bf16 / best int4 |",
+        "|---" * (2 + len(names)) + "|",
+    ]
+    by_case = {}
+    for r in grouped:
+      by_case.setdefault(r["case"], {})[r["contender"]] = r
+    for case, c in by_case.items():
+      cells = " | ".join(f"{c[n]['median_ms'] * 1e3:.1f}" if n in c else "-" for n in names)
+      best = min(v["median_ms"] for n, v in c.items() if n.startswith("int4"))
+      lines.append(f"| {case} | {cells} | {c['bf16_ragged']['median_ms'] / best:.2f} |")
   w8 = [r for r in rows if r["part"] == "w8a8"]
   if w8:
     lines += [
@@ -257,9 +364,11 @@ def format_tables(rows, hbm_gbps) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--part", choices=("all", "weight_only", "w8a8"), default="all")
+  parser.add_argument("--part", choices=("all", "weight_only", "grouped", "w8a8"), default="all")
   parser.add_argument("--tokens", default=None, help=f"M list for weight-only (default {TOKENS})")
   parser.add_argument("--weights", default=None, help="KxN list of weight-only weights")
+  parser.add_argument("--experts", default=None, help="ExKxN list for the grouped part")
+  parser.add_argument("--routed", default=None, help=f"routed rows list (default {ROUTED})")
   parser.add_argument("--w8a8-shapes", default=None, help="MxNxK list for W8A8")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
@@ -281,13 +390,18 @@ def main(argv=None):
         SMOKE["tokens"],
         SMOKE["w8a8"],
     )
+    experts, routed = SMOKE["experts"], SMOKE["routed"]
   else:
     implementation, timer, weights, w8a8 = None, cupti_times_ms, WEIGHTS, W8A8_SHAPES
-    tokens = TOKENS
+    tokens, experts, routed = TOKENS, EXPERTS, ROUTED
   if args.weights:
     weights = tuple(tuple(int(v) for v in s.split("x")) for s in args.weights.split(","))
   if args.w8a8_shapes:
     w8a8 = tuple(tuple(int(v) for v in s.split("x")) for s in args.w8a8_shapes.split(","))
+  if args.experts:
+    experts = tuple(tuple(int(v) for v in s.split("x")) for s in args.experts.split(","))
+  if args.routed:
+    routed = tuple(int(t) for t in args.routed.split(","))
   if args.tokens:
     tokens = tuple(int(t) for t in args.tokens.split(","))
   env = environment()
@@ -297,6 +411,15 @@ def main(argv=None):
     rows += run_weight_only(
         weights,
         tokens,
+        implementation=implementation,
+        rounds=args.rounds,
+        iterations=args.iterations,
+        timer=timer,
+    )
+  if args.part in ("all", "grouped"):
+    rows += run_grouped(
+        experts,
+        routed,
         implementation=implementation,
         rounds=args.rounds,
         iterations=args.iterations,

@@ -13,6 +13,9 @@
 #                                         # fused all-gather kernel's first run), TP MLP timing
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
 #                                         # weight-only and W8A8 timing (~6 min)
+#   bash benchmarks/run_device.sh decode # one GPU (~9 min): quantized GPU tests (warp MMA and the
+#                                         # grouped kernel included), the WGMMA instruction cost,
+#                                         # weight-only decode timing, grouped int4 timing
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -100,11 +103,18 @@ case "${1:-}" in
       tests/test_quantized.py
     step quantized 330 40 python -u -m benchmarks.quantized --out "$OUT/quantized"
     ;;
+  decode)
+    step quantized_gpu_tests 220 6 python -u -m pytest -q -rf -m gpu tests/test_quantized.py
+    step wgmma_rate 90 16 python -u -m benchmarks.wgmma_rate
+    step decode 150 12 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
+      --weights 4096x14336,14336x4096 --out "$OUT/decode"
+    step grouped 120 12 python -u -m benchmarks.quantized --part grouped --out "$OUT/grouped"
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|next|calibrate" >&2
     exit 2
     ;;
 esac

@@ -522,7 +522,7 @@ def test_benchmark_runs_on_the_cpu(capsys, tmp_path):
       == 0
   )
   out = capsys.readouterr().out
-  assert "| 20x384x256 |" in out and "| 72x136x256 |" in out
+  assert "| 20x384x256 |" in out and "| 72x136x256 |" in out and "| 40x3x136x256 |" in out
   assert (tmp_path / "quantized.json").exists()
 
 
