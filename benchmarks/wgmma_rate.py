@@ -102,7 +102,7 @@ def cases():
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--export", action="store_true", help="lower every probe for CUDA only")
-  parser.add_argument("--iters", type=int, default=2000)
+  parser.add_argument("--iters", type=int, default=500)
   args = parser.parse_args(argv)
   if args.export or jax.default_backend() != "gpu":
     for n, register_a, warpgroups in cases():
