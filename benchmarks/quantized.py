@@ -7,6 +7,7 @@
 Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
   bf16_dot       jnp.dot(x, w) on the bf16 weight
   int4_ours      int4, group 128 scales, the default route (the kernel for M <= 2048)
+  int4_nk        the same on weights stored (N, K) rather than in K blocks (`k_block=0`)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
   int4_warp      the same kernel with warp-level MMA (`mma="warp"`, experimental)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
@@ -92,6 +93,7 @@ def weight_only_contenders(implementation):
   return {
       "bf16_dot": lambda x, w: jnp.dot(x, w),
       "int4_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+      "int4_nk": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_smem": variant() if gpu_kernel else None,
       "int4_warp": variant(**warp) if gpu_kernel and _compat.HAS_WARP_MMA else None,
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
@@ -131,7 +133,7 @@ def run_weight_only(weights, tokens, *, implementation, rounds, iterations, time
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
     operands = {"bf16_dot": w, "int8_ours": q8}
     int4 = ("int4_ours", "int4_smem", "int4_warp", "int4_xla", "int4_kernel")
-    operands.update({name: q4 for name in int4})
+    operands.update({name: q4 for name in int4}, int4_nk=wo.block_weights(q4, 0))
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)
@@ -191,7 +193,7 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
 
   def kernel(mma):
     def run(x, qw, sizes):
-      e, n, k = qw.values.shape
+      e, k, n = qw.shape
       problem = wo.kernel_lib.WeightOnlyProblem(
           m=x.shape[0], n=n, k=k, bits=4, group_size=qw.group_size, experts=e
       )

@@ -341,15 +341,16 @@ class QuantizedLinear(nnx.Module):
   and multiplied by `pallas_gemm.quantized_matmul`; made once, at load time, from a
   trained layer's kernel (`from_linear`) or a (K, N) array. Not trainable.
 
-  The variables are `values` ((N, K) int4/int8), `scales` (and `zeros` when
-  asymmetric) as `nnx.Variable`s, and `bias` (N,) or None.
+  The variables are `values` (int4/int8 in `quantize_weights`' layout: (K / 128, N, 128)
+  where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
+  `nnx.Variable`s, and `bias` (N,) or None.
 
   >>> import jax.numpy as jnp
   >>> from flax import nnx
   >>> dense = nnx.Linear(256, 128, rngs=nnx.Rngs(0))
   >>> layer = QuantizedLinear.from_linear(dense, bits=4, group_size=128, implementation="xla")
   >>> layer(jnp.ones((2, 256), jnp.bfloat16)).shape, layer.values.shape
-  ((2, 128), (128, 256))
+  ((2, 128), (2, 128, 128))
   """
 
   def __init__(
@@ -373,6 +374,7 @@ class QuantizedLinear(nnx.Module):
     self.zeros = None if qw.zeros is None else nnx.Variable(qw.zeros)
     self.bias = None if bias is None else nnx.Variable(jnp.asarray(bias, jnp.float32))
     self.group_size = qw.group_size
+    self.k_block = qw.k_block
     self.dtype = jnp.dtype(dtype)
     self.implementation = implementation
 
@@ -388,6 +390,7 @@ class QuantizedLinear(nnx.Module):
         self.scales[...],
         None if self.zeros is None else self.zeros[...],
         self.group_size,
+        self.k_block,
     )
     return weight_only.quantized_matmul(
         jnp.asarray(inputs, self.dtype),

@@ -10,6 +10,10 @@ GPTQ/AWQ (G = 128) or per channel (G = K). int4 values are jnp.int4 in [-8, 7],
 which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
+`quantize_weights` stores the values in K blocks, (K / 128, N, 128): each block's
+rows contiguous, so that every TMA box the kernel reads (weight rows x 128 K) is
+one contiguous run of memory (`block_weights` converts (N, K) weights made
+elsewhere, once, at load time; the kernel reads either layout).
 
 Up to `KERNEL_MAX_M` tokens the Hopper kernel of `weight_only_gemm` reads the
 packed weights and dequantizes them in registers (decode: group scales on each
@@ -54,17 +58,33 @@ prefill config 300.7 / 292.9 us at M = 2048 against the XLA route's 365.0 / 364.
 INTERPRET_NUM_SMS = 2
 
 
+K_BLOCK = 128
+"""K columns per block of the stored values (`QuantizedWeight.k_block`): each of the
+kernel's TMA boxes (weight rows x 128 K) is then one contiguous run of memory. The
+(N, K) layout's boxes read 64-byte row segments (int4) at a stride of K / 2 bytes:
+2.1 TB/s through the ring on the H100 against 2.9 for contiguous boxes
+(`benchmarks.tma_rate`, NOTES exp. 90)."""
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
-  """A (K, N) weight quantized for `quantized_matmul`: `values` (N, K) int4/int8,
-  `scales` (K // group_size, N), `zeros` like `scales` or None; a pytree whose
-  leaves are the arrays."""
+  """A (K, N) weight quantized for `quantized_matmul`: int4/int8 `values`, `scales`
+  (K // group_size, N), `zeros` like `scales` or None; a pytree whose leaves are the
+  arrays. `values` are (N, K) (K-major) with `k_block` 0, or (K / k_block, N, k_block)
+  (`quantize_weights`' default: K blocks whose rows are contiguous, what the kernel
+  reads fastest); an expert stack's arrays carry a leading E.
+
+  >>> qw = quantize_weights(jnp.ones((256, 8)), bits=4)
+  >>> qw.values.shape, qw.k_block, qw.shape, qw.nk_values().shape
+  ((2, 8, 128), 128, (256, 8), (8, 256))
+  """
 
   values: jax.Array
   scales: jax.Array
   zeros: jax.Array | None = None
   group_size: int = dataclasses.field(default=128, metadata=dict(static=True))
+  k_block: int = dataclasses.field(default=0, metadata=dict(static=True))
 
   @property
   def bits(self) -> int:
@@ -73,12 +93,40 @@ class QuantizedWeight:
   @property
   def shape(self) -> tuple[int, ...]:
     """The (K, N) shape of the weight it stands for ((E, K, N) for a stack of experts)."""
+    if self.k_block:
+      *lead, blocks, n, block = self.values.shape
+      return (*lead, blocks * block, n)
     *lead, n, k = self.values.shape
     return (*lead, k, n)
 
+  def nk_values(self):
+    """The values as (N, K) (or (E, N, K)), whatever the stored layout."""
+    if not self.k_block:
+      return self.values
+    *lead, blocks, n, block = self.values.shape
+    return jnp.swapaxes(self.values, -3, -2).reshape(*lead, n, blocks * block)
+
+
+def block_weights(qw: QuantizedWeight, k_block: int = K_BLOCK) -> QuantizedWeight:
+  """`qw` with its values stored in K blocks of `k_block` (0: back to (N, K)), e.g. for
+  weights quantized elsewhere and passed as (N, K) arrays: once, at load time.
+
+  >>> qw = quantize_weights(jnp.ones((256, 8)), bits=8, k_block=0)
+  >>> qw.values.shape, block_weights(qw).values.shape
+  ((8, 256), (2, 8, 128))
+  """
+  k, n = qw.shape[-2:]
+  if k_block and (not isinstance(k_block, int) or k_block % 64 or k % k_block):
+    raise ValueError(f"k_block={k_block!r} must be a multiple of 64 dividing K={k} (or 0)")
+  values = qw.nk_values()
+  if k_block:
+    *lead, _, _ = values.shape
+    values = jnp.swapaxes(values.reshape(*lead, n, k // k_block, k_block), -3, -2)
+  return dataclasses.replace(qw, values=values, k_block=k_block)
+
 
 def quantize_weights(
-    w, bits: int = 4, group_size: int = 128, *, symmetric=True, dtype=jnp.bfloat16
+    w, bits: int = 4, group_size: int = 128, *, symmetric=True, dtype=jnp.bfloat16, k_block=None
 ):
   """Quantizes a (K, N) weight, or an (E, K, N) stack of experts' weights, per group of
   `group_size` K rows (-1: per channel).
@@ -87,7 +135,8 @@ def quantize_weights(
   Asymmetric: the group's [min, max] spans [-2^(bits-1), 2^(bits-1) - 1] with a
   real-valued zero point. Returns a `QuantizedWeight` whose scales (and zeros)
   are `dtype`, the activations' dtype, as the kernel multiplies in it; an expert
-  stack's arrays carry the leading E.
+  stack's arrays carry the leading E. `k_block`: the values' layout (see
+  `QuantizedWeight`); None: `K_BLOCK` where it divides K, else 0 ((N, K)).
   """
   w = jnp.asarray(w)
   if w.ndim not in (2, 3):
@@ -112,9 +161,12 @@ def quantize_weights(
     q = jnp.round(groups / scales[..., None, :] + zeros[..., None, :])
   q = jnp.clip(q, lo, hi).reshape(*lead, k, n)
   q = jnp.swapaxes(q, -1, -2).astype(jnp.int4 if bits == 4 else jnp.int8)
-  return QuantizedWeight(
+  qw = QuantizedWeight(
       q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
   )
+  if k_block is None:
+    k_block = K_BLOCK if k % K_BLOCK == 0 else 0
+  return block_weights(qw, k_block) if k_block else qw
 
 
 def dequantize_weights(qw: QuantizedWeight, dtype=jnp.float32):
@@ -123,9 +175,8 @@ def dequantize_weights(qw: QuantizedWeight, dtype=jnp.float32):
 
 
 def dequantize_transposed(qw: QuantizedWeight, dtype=jnp.float32):
-  """The (N, K) (or (E, N, K)) transpose of the weight `qw` stands for, in the layout
-  `qw.values` is stored in."""
-  q = qw.values.astype(jnp.float32)  # (..., N, K)
+  """The (N, K) (or (E, N, K)) transpose of the weight `qw` stands for."""
+  q = qw.nk_values().astype(jnp.float32)  # (..., N, K)
   repeat = lambda v: jnp.repeat(jnp.swapaxes(v.astype(jnp.float32), -1, -2), qw.group_size, axis=-1)
   if qw.zeros is not None:
     q = q - repeat(qw.zeros)
@@ -148,30 +199,32 @@ def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
   if isinstance(w_q, QuantizedWeight):
     if scales is not None or zeros is not None:
       raise ValueError("scales and zeros come from the QuantizedWeight; pass them as None")
-    values, scales, zeros, group_size_given = w_q.values, w_q.scales, w_q.zeros, w_q.group_size
-    if group_size is not None and group_size != group_size_given:
-      raise ValueError(f"group_size={group_size} but the QuantizedWeight has {group_size_given}")
-    group_size = group_size_given
+    if len(w_q.shape) != 2:
+      raise ValueError(f"w_q must be one (K, N) weight, got a QuantizedWeight of {w_q.shape}")
+    values, scales, zeros, k_block = w_q.values, w_q.scales, w_q.zeros, w_q.k_block
+    if group_size is not None and group_size != w_q.group_size:
+      raise ValueError(f"group_size={group_size} but the QuantizedWeight has {w_q.group_size}")
+    k, n = w_q.shape
   else:
-    values = jnp.asarray(w_q)
+    values, k_block = jnp.asarray(w_q), 0
     if scales is None:
       raise TypeError("scales is required with an array w_q")
-  if values.dtype == jnp.uint8:
-    if bits != 4:
-      raise ValueError(
-          f"w_q is uint8: packed int4 (two per byte) needs bits=4, got bits={bits!r}; "
-          "int8 weights are int8"
-      )
-    values = unpack_int4(values)
-  elif values.dtype in (jnp.int4, jnp.int8):
+    if values.dtype == jnp.uint8:
+      if bits != 4:
+        raise ValueError(
+            f"w_q is uint8: packed int4 (two per byte) needs bits=4, got bits={bits!r}; "
+            "int8 weights are int8"
+        )
+      values = unpack_int4(values)
+    if values.ndim != 2:
+      raise ValueError(f"w_q must be (N, K) (K-major), got shape {values.shape}")
+    n, k = values.shape
+  if values.dtype in (jnp.int4, jnp.int8):
     dtype_bits = 4 if values.dtype == jnp.int4 else 8
     if bits is not None and bits != dtype_bits:
       raise ValueError(f"bits={bits} but w_q is {values.dtype} ({dtype_bits} bits)")
   else:
     raise TypeError(f"w_q must be int4, int8 or uint8 (packed int4), got {values.dtype}")
-  if values.ndim != 2:
-    raise ValueError(f"w_q must be (N, K) (K-major), got shape {values.shape}")
-  n, k = values.shape
   scales = jnp.asarray(scales)
   if scales.ndim == 1:
     scales = scales[None]
@@ -193,7 +246,7 @@ def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
     zeros = zeros[None] if zeros.ndim == 1 else zeros
     if zeros.shape != scales.shape:
       raise ValueError(f"zeros must have the shape of scales {scales.shape}, got {zeros.shape}")
-  return QuantizedWeight(values, scales, zeros, inferred)
+  return QuantizedWeight(values, scales, zeros, inferred, k_block)
 
 
 STEP_US = 0.55
@@ -256,6 +309,7 @@ def default_config(
       t
       for t in (256, 128, 64)
       if (problem.per_channel or problem.group_size % t == 0)
+      and (not problem.k_block or problem.k_block % t == 0)
       and tile_m * t <= 256 * 128
       and (t <= 128 or problem.bits == 4)
   )
@@ -338,7 +392,7 @@ def interpret_config(config, problem):
 
 def problem_of(x, qw: QuantizedWeight, **fields) -> kernel_lib.WeightOnlyProblem:
   """The kernel's problem for (M, K) activations `x` times `qw` (one weight or a stack)."""
-  *_, n, k = qw.values.shape
+  *_, k, n = qw.shape
   return kernel_lib.WeightOnlyProblem(
       m=x.shape[0],
       n=n,
@@ -347,6 +401,7 @@ def problem_of(x, qw: QuantizedWeight, **fields) -> kernel_lib.WeightOnlyProblem
       group_size=qw.group_size,
       dtype=x.dtype.name,
       zeros=qw.zeros is not None,
+      k_block=qw.k_block,
       **fields,
   )
 
@@ -412,7 +467,7 @@ def quantized_matmul(
   k, n = qw.shape
   if x.ndim < 1 or x.shape[-1] != k:
     raise ValueError(
-        f"x must be (..., K) with K={k} (w_q is (N, K) = {qw.values.shape}), got {x.shape}"
+        f"x must be (..., K) with K={k} (w_q stands for (K, N) = {qw.shape}), got {x.shape}"
     )
   OPERANDS["bias"].check(bias, 1, n)
   if config is not None and not isinstance(config, kernel_lib.WeightOnlyConfig):
@@ -452,6 +507,13 @@ def quantized_matmul(
   return y.astype(out_dtype).reshape(*lead, n)
 
 
+def pad_rows(values, rows: int):
+  """Stored values with N (their axis -2 in either layout) padded to `rows` with zeros."""
+  widths = [(0, 0)] * values.ndim
+  widths[-2] = (0, rows - values.shape[-2])
+  return jnp.pad(values, widths)
+
+
 def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: bool):
   """act(x @ dequantize(qw) + bias) (M, N) through the kernel. With the "partials"
   output, per-group scales are applied in it, and per-channel scales (and zero points),
@@ -470,15 +532,14 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   x_in = jnp.pad(x, ((0, m_rows - problem.m), (0, 0))) if m_rows != problem.m else x
   values, n = qw.values, problem.n
   if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
-    n_rows = round_up(n, config.tile_n)
-    values = jnp.pad(values, ((0, n_rows - n), (0, 0)))
+    values = pad_rows(values, round_up(n, config.tile_n))
   group_scales = group_zeros = None
   if not problem.per_channel or on_weights:
     group_scales = qw.scales.astype(x.dtype)
     if qw.zeros is not None:  # the kernel adds -zero to q, then scales
       group_zeros = (-qw.zeros).astype(x.dtype)
     if interpret:
-      pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[0] - n)))
+      pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[-2] - n)))
       group_scales = pad(group_scales)
       group_zeros = None if group_zeros is None else pad(group_zeros)
   kernel_bias = None
@@ -491,7 +552,7 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
       group_scales,
       group_zeros,
       kernel_bias,
-      problem=dataclasses.replace(problem, m=x_in.shape[0], n=values.shape[0]),
+      problem=dataclasses.replace(problem, m=x_in.shape[0], n=values.shape[-2]),
       config=config,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
       num_sms=num_sms,
@@ -513,7 +574,9 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
 
 
 __all__ = [
+    "K_BLOCK",
     "QuantizedWeight",
+    "block_weights",
     "dequantize_weights",
     "quantize_weights",
     "quantized_matmul",

@@ -76,6 +76,8 @@ class WeightOnlyProblem:
   and `activation` (a built-in's name): the epilogue of the "tile" output.
   `experts` > 0: w is a stack (E, N, K) of experts' weights (scales (E, K // G, N)),
   and the token tiles come from a table (`tile_table`): each multiplies one expert.
+  `k_block` > 0: w is stored in K blocks, (K / k_block, N, k_block) (`QuantizedWeight`'s
+  layout), so that a ring step's box of weight rows is one contiguous run of memory.
   """
 
   m: int
@@ -89,6 +91,7 @@ class WeightOnlyProblem:
   bias: bool = False
   activation: str | None = None
   experts: int = 0
+  k_block: int = 0
 
   @property
   def per_channel(self) -> bool:
@@ -160,6 +163,11 @@ class WeightOnlyConfig:
       raise ValueError(
           f"WeightOnlyConfig.tile_k={self.tile_k} must divide group_size={problem.group_size} "
           "(one scale row per ring step)"
+      )
+    if problem.k_block and problem.k_block % self.tile_k:
+      raise ValueError(
+          f"WeightOnlyConfig.tile_k={self.tile_k} must divide the weight's k_block="
+          f"{problem.k_block} (a ring step reads within one stored K block)"
       )
     if self.dequant not in DEQUANT:
       raise ValueError(f"WeightOnlyConfig.dequant={self.dequant!r}: use one of {DEQUANT}")
@@ -327,6 +335,15 @@ def _kernel(
   def expert_of(ref, work: _Work):
     return ref if work.expert is None else ref.at[work.expert]
 
+  def weight_view(w, weights, kk):
+    """K step kk of the weight rows `weights`; in K blocks, a step past K reads the last
+    block (x is zero there: TMA zero-fills its columns past K)."""
+    if not p.k_block:
+      return w.at[weights, pl.ds(kk * tk, tk)]
+    per_block = p.k_block // tk
+    block = jnp.minimum(lax.div(kk, per_block), p.k // p.k_block - 1)
+    return w.at[block, weights, pl.ds(lax.rem(kk, per_block) * tk, tk)]
+
   def scoped(ring_refs, out_smem, w_smem=None):
     ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
@@ -343,7 +360,7 @@ def _kernel(
             kk = work.split * steps_per_split + k  # past K: TMA zero-fills (the last split)
             cols = pl.ds(kk * tk, tk)
             views = [
-                expert_of(w_gmem, work).at[weights, cols],
+                weight_view(expert_of(w_gmem, work), weights, kk),
                 x_gmem.at[pl.ds(work.row0, tm), cols],
             ]
             if scaled:
@@ -526,7 +543,8 @@ def weight_only_gemm(
   (split_k, N, M_pad), M_pad = M rounded up to tile_m; with "tile", the finished
   output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
-  x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8; scales and zeros (the
+  x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
+  with `problem.k_block`); scales and zeros (the
   -zero addends of q): (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales

@@ -4,7 +4,7 @@
 
 `jax.lax.ragged_dot`'s semantics with the experts' (E, K, N) weights quantized by
 `quantize_weights` (int4/int8, group or per-channel scales, optional zero points;
-stored (E, N, K)). The Hopper kernel is the weight-only kernel of
+stored (E, N, K) or, by default, in K blocks (E, K / 128, N, 128)). The Hopper kernel is the weight-only kernel of
 `weight_only_gemm` over a table of token tiles (`tile_table`): each tile holds
 one expert's rows, reads only that expert's packed weights, and writes its own
 columns of f32 partial sums, which XLA sums over K splits and gathers back into
@@ -73,16 +73,14 @@ def grouped_config(
 def _check(x, qw, group_sizes):
   if not isinstance(qw, wo.QuantizedWeight):
     raise TypeError(f"qw must be a QuantizedWeight of quantize_weights, got {type(qw).__name__}")
-  if qw.values.ndim != 3:
-    raise ValueError(
-        f"qw must hold a stack of experts: values (E, N, K), got shape {qw.values.shape}"
-    )
+  if len(qw.shape) != 3:
+    raise ValueError(f"qw must hold a stack of experts: (E, K, N), got a weight of {qw.shape}")
   x = jnp.asarray(x)
   if x.dtype.name not in kernel_lib.ACTIVATION_DTYPES:
     raise TypeError(f"x must be one of {kernel_lib.ACTIVATION_DTYPES}, got {x.dtype}")
-  experts, _, k = qw.values.shape
+  experts, k, _ = qw.shape
   if x.ndim != 2 or x.shape[1] != k:
-    raise ValueError(f"x must be (M, K) with K={k} (qw.values is {qw.values.shape}), got {x.shape}")
+    raise ValueError(f"x must be (M, K) with K={k} (qw stands for {qw.shape}), got {x.shape}")
   group_sizes = jnp.asarray(group_sizes)
   if group_sizes.shape != (experts,) or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise ValueError(
@@ -96,8 +94,8 @@ def quantized_ragged_dot(
     x, qw, group_sizes, *, out_dtype=None, config=None, implementation=None, num_sms=None
 ):
   """Rows of `x` (M, K), in consecutive groups of `group_sizes` (E,), times their
-  expert's dequantized (K, N) weight from `qw` (a `QuantizedWeight` stack: values
-  (E, N, K)). Rows past sum(group_sizes) come out zero.
+  expert's dequantized (K, N) weight from `qw` (a `QuantizedWeight` stack standing
+  for (E, K, N)). Rows past sum(group_sizes) come out zero.
 
   Args:
     out_dtype: defaults to x's dtype (bfloat16 or float16).
@@ -112,7 +110,7 @@ def quantized_ragged_dot(
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
   x, group_sizes = _check(x, qw, group_sizes)
   out_dtype = jnp.dtype(out_dtype or x.dtype)
-  experts, n, k = qw.values.shape
+  experts, k, n = qw.shape
   m = x.shape[0]
   if implementation in (None, "xla") or 0 in (m, n):
     w = wo.dequantize_weights(qw, x.dtype)  # (E, K, N)
@@ -135,12 +133,12 @@ def quantized_ragged_dot(
   values = qw.values
   if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
     config = wo.interpret_config(config, problem)
-    values = jnp.pad(values, ((0, 0), (0, round_up(n, config.tile_n) - n), (0, 0)))
+    values = wo.pad_rows(values, round_up(n, config.tile_n))
   token_tiles = kernel_lib.max_token_tiles(m, experts, config.tile_m)
   table, columns = kernel_lib.tile_table(group_sizes, m, config.tile_m, token_tiles)
   rows = round_up(m, 8) + config.tile_m if interpret else tma_rows(m)  # a tile may start late
   x_in = jnp.pad(x, ((0, rows - m), (0, 0))) if rows != m else x
-  pad = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, values.shape[1] - n)))
+  pad = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, values.shape[-2] - n)))
   scales = pad(qw.scales.astype(x.dtype))
   zeros = None if qw.zeros is None else pad((-qw.zeros).astype(x.dtype))
   partials = kernel_lib.weight_only_gemm(
@@ -150,7 +148,7 @@ def quantized_ragged_dot(
       zeros,
       None,
       table,
-      problem=dataclasses.replace(problem, m=rows, n=values.shape[1]),
+      problem=dataclasses.replace(problem, m=rows, n=values.shape[-2]),
       config=config,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
       num_sms=num_sms,

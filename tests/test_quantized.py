@@ -57,16 +57,18 @@ def _weight_only_case(seed, m, n, k, bits, group_size, symmetric, lead=()):
         (8, 256, False, "smem"),
     ],
 )
-def test_weight_only_kernel_lowers_for_cuda(bits, group_size, zeros, dequant):
+@pytest.mark.parametrize("k_block", [0, 128])
+def test_weight_only_kernel_lowers_for_cuda(bits, group_size, zeros, dequant, k_block):
   m, n, k = 16, 1024, 4096
   problem = kernel_lib.WeightOnlyProblem(
-      m=m, n=n, k=k, bits=bits, group_size=group_size, zeros=zeros
+      m=m, n=n, k=k, bits=bits, group_size=group_size, zeros=zeros, k_block=k_block
   )
   config = wo.default_config(problem, 132, dequant=dequant)
   grouped = not problem.per_channel
+  stored = (k // k_block, n, k_block) if k_block else (n, k)
   args = (
       jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-      jax.ShapeDtypeStruct((n, k), jnp.int4 if bits == 4 else jnp.int8),
+      jax.ShapeDtypeStruct(stored, jnp.int4 if bits == 4 else jnp.int8),
       jax.ShapeDtypeStruct((k // group_size, n), jnp.bfloat16) if grouped else None,
       jax.ShapeDtypeStruct((k // group_size, n), jnp.bfloat16) if grouped and zeros else None,
   )
@@ -239,6 +241,38 @@ def test_quantization_error_is_at_most_half_a_step(bits, symmetric):
   step = np.repeat(np.asarray(qw.scales), 64, axis=0)
   err = np.abs(np.asarray(wo.dequantize_weights(qw)) - np.asarray(w))
   assert (err <= 0.5 * step * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_k_blocks_store_the_same_weight(lead):
+  rng = np.random.default_rng(11)
+  w = jnp.asarray(rng.standard_normal((*lead, 384, 40)), jnp.float32)
+  qw = wo.quantize_weights(w, 4, 128, symmetric=False)
+  assert qw.k_block == wo.K_BLOCK and qw.values.shape == (*lead, 3, 40, 128)
+  plain = wo.block_weights(qw, 0)
+  assert plain.values.shape == (*lead, 40, 384) and plain.shape == qw.shape == (*lead, 384, 40)
+  np.testing.assert_array_equal(
+      np.asarray(qw.nk_values().astype(jnp.int8)), np.asarray(plain.values.astype(jnp.int8))
+  )
+  np.testing.assert_array_equal(wo.dequantize_weights(qw), wo.dequantize_weights(plain))
+  again = wo.block_weights(plain, 64)
+  assert again.values.shape == (*lead, 6, 40, 64)
+  np.testing.assert_array_equal(wo.dequantize_weights(again), wo.dequantize_weights(qw))
+  assert wo.quantize_weights(w[..., :72, :], 4, 8).k_block == 0  # 128 does not divide K
+  with pytest.raises(ValueError, match="k_block=96 must be a multiple of 64 dividing K=384"):
+    wo.block_weights(qw, 96)
+
+
+@needs_transposes
+def test_both_layouts_give_the_same_kernel_result():
+  x, qw, bias, ref = _weight_only_case(12, 9, 136, 512, 4, 128, False)
+  plain = wo.block_weights(qw, 0)
+  run = lambda w: wo.quantized_matmul(
+      x, w, bias=bias, activation="silu", implementation="interpret"
+  )
+  blocked_y, plain_y = run(qw), run(plain)
+  assert _rel_err(blocked_y, ref) < BOUND
+  np.testing.assert_array_equal(np.asarray(blocked_y), np.asarray(plain_y))
 
 
 def test_packed_uint8_weights_equal_int4():
@@ -487,6 +521,7 @@ def test_quantized_linear_matches_its_dense_layer():
         layer.scales[...],
         None if layer.zeros is None else layer.zeros[...],
         layer.group_size,
+        layer.k_block,
     )
     w64 = np.asarray(wo.dequantize_weights(qw), np.float64)
     ref = np.maximum(
