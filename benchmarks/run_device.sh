@@ -14,8 +14,8 @@
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
 #                                         # weight-only and W8A8 timing (~6 min)
 #   bash benchmarks/run_device.sh decode # one GPU (~9 min): quantized GPU tests (warp MMA and the
-#                                         # grouped kernel included), the WGMMA instruction cost,
-#                                         # weight-only decode timing, grouped int4 timing
+#                                         # grouped kernel included), HBM streaming by TMA box,
+#                                         # weight-only timing (decode to 2048 tokens), grouped int4
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -105,10 +105,11 @@ case "${1:-}" in
     ;;
   decode)
     step quantized_gpu_tests 220 6 python -u -m pytest -q -rf -m gpu tests/test_quantized.py
-    step wgmma_rate 90 16 python -u -m benchmarks.wgmma_rate
-    step decode 150 12 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
-      --weights 4096x14336,14336x4096 --out "$OUT/decode"
-    step grouped 120 12 python -u -m benchmarks.quantized --part grouped --out "$OUT/grouped"
+    step tma_rate 60 16 python -u -m benchmarks.tma_rate
+    step decode 280 14 python -u -m benchmarks.quantized --part weight_only \
+      --tokens 1,16,64,256,2048 --weights 4096x14336,14336x4096 --out "$OUT/decode"
+    step grouped 150 12 python -u -m benchmarks.quantized --part grouped --routed 16,64,256 \
+      --out "$OUT/grouped"
     ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
