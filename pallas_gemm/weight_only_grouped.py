@@ -4,15 +4,14 @@
 
 `jax.lax.ragged_dot`'s semantics with the experts' (E, K, N) weights quantized by
 `quantize_weights` (int4/int8, group or per-channel scales, optional zero points;
-stored (E, N, K) or, by default, in K blocks (E, K / 128, N, 128)). The Hopper kernel is the weight-only kernel of
-`weight_only_gemm` over a table of token tiles (`tile_table`): each tile holds
-one expert's rows, reads only that expert's packed weights, and writes its own
-columns of f32 partial sums, which XLA sums over K splits and gathers back into
-row order. Scales multiply the converted weights (`scale_on="weights"`). The XLA
-route dequantizes every expert and runs `jax.lax.ragged_dot`.
-
-Status (2026-11-27): the kernel is checked in GPU interpret mode and lowers for
-CUDA; it has not run on a GPU yet, so `implementation=None` runs the XLA route.
+stored (E, N, K) or, by default, in K blocks (E, K / 128, N, 128)). The Hopper
+kernel is the weight-only kernel of `weight_only_gemm` over a table of token
+tiles (`tile_table`): each tile holds one expert's rows, reads only that
+expert's packed weights, and writes its own columns of f32 partial sums, which
+XLA sums over K splits and gathers back into row order. Scales multiply the
+converted weights (`scale_on="weights"`). The XLA route dequantizes every
+expert and runs `jax.lax.ragged_dot`. The default runs the kernel on a Hopper GPU
+up to `KERNEL_MAX_M` routed rows.
 
 >>> import jax.numpy as jnp
 >>> w = jnp.stack([jnp.eye(128, 8), 2 * jnp.eye(128, 8)])  # (E, K, N)
@@ -36,7 +35,13 @@ from pallas_gemm import weight_only_gemm as kernel_lib
 from pallas_gemm.config import tiles
 from pallas_gemm.tma_padding import round_up, tma_rows
 
-IMPLEMENTATIONS = (None, "pallas", "interpret", "xla")
+IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
+KERNEL_MAX_M = 1024
+"""Auto routing: the kernel up to this many routed rows, XLA above (not measured there).
+Measured (NOTES exp. 90; int4 G128, Mixtral-8x7B's 8 experts, 14336x4096 and
+4096x14336, us): on the H100 the kernel 141-161 at 16 rows against XLA's route
+735-745 and bf16 `ragged_dot` 315-320, 485 against 1524 / 1143 at 1024 rows; on the
+H200 133 against 523 / 218 at 16 rows, 262 against 607 / 313 at 256."""
 
 
 def grouped_config(
@@ -100,8 +105,9 @@ def quantized_ragged_dot(
   Args:
     out_dtype: defaults to x's dtype (bfloat16 or float16).
     config: a `WeightOnlyConfig` for the kernel (`grouped_config` if None).
-    implementation: None or "xla" (dequantize, then `jax.lax.ragged_dot`), "pallas"
-      (the Hopper kernel), "interpret" (the kernel in GPU interpret mode).
+    implementation: None/"auto" (the kernel on a Hopper GPU up to `KERNEL_MAX_M` rows
+      where it applies, else XLA), "xla" (dequantize, then `jax.lax.ragged_dot`),
+      "pallas" (the Hopper kernel), "interpret" (the kernel in GPU interpret mode).
     num_sms: CTAs of the persistent kernel (default: the device's SMs).
   Returns:
     (M, N) array of `out_dtype`.
@@ -112,11 +118,14 @@ def quantized_ragged_dot(
   out_dtype = jnp.dtype(out_dtype or x.dtype)
   experts, k, n = qw.shape
   m = x.shape[0]
-  if implementation in (None, "xla") or 0 in (m, n):
-    w = wo.dequantize_weights(qw, x.dtype)  # (E, K, N)
-    return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=out_dtype)
   problem = wo.problem_of(x, qw, experts=experts)
   why_not = wo.kernel_fits(problem)
+  if implementation in (None, "auto"):
+    use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= KERNEL_MAX_M
+    implementation = "pallas" if use_kernel else "xla"
+  if implementation == "xla" or 0 in (m, n):
+    w = wo.dequantize_weights(qw, x.dtype)  # (E, K, N)
+    return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=out_dtype)
   if why_not is not None:
     raise ValueError(
         f"implementation={implementation!r}: the weight-only kernel cannot run: {why_not}"
@@ -158,4 +167,4 @@ def quantized_ragged_dot(
   return y.astype(out_dtype)
 
 
-__all__ = ["grouped_config", "quantized_ragged_dot"]
+__all__ = ["KERNEL_MAX_M", "grouped_config", "quantized_ragged_dot"]

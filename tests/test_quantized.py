@@ -650,6 +650,19 @@ def test_grouped_bad_arguments_get_named_errors(call, error, match):
     pallas_gemm.quantized_ragged_dot(*call(x, qw, jnp.array([1, 1, 2])))
 
 
+@pytest.mark.parametrize(
+    "m,k,kernels", [(64, 1024, 1), (grouped.KERNEL_MAX_M + 8, 1024, 0), (64, 1000, 0)]
+)
+def test_grouped_default_runs_the_kernel_on_hopper_where_it_applies(monkeypatch, m, k, kernels):
+  monkeypatch.setattr(_compat, "on_hopper", lambda: True)
+  qw = jax.eval_shape(lambda: wo.quantize_weights(jnp.ones((4, k, 256)), 4, -1))
+  call = lambda x, qw, sizes: pallas_gemm.quantized_ragged_dot(x, qw, sizes)
+  text = jax.export.export(jax.jit(call), platforms=["cuda"])(
+      jax.ShapeDtypeStruct((m, k), jnp.bfloat16), qw, jax.ShapeDtypeStruct((4,), jnp.int32)
+  ).mlir_module()
+  assert text.count("mosaic_gpu") >= kernels and (kernels or "mosaic_gpu" not in text)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mma", ["wgmma", "warp"])
 @pytest.mark.parametrize(
