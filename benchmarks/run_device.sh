@@ -15,7 +15,8 @@
 #                                         # weight-only and W8A8 timing (~6 min)
 #   bash benchmarks/run_device.sh decode # one GPU (~9 min): quantized GPU tests (warp MMA and the
 #                                         # grouped kernel included), HBM streaming by TMA box,
-#                                         # weight-only timing (decode to 2048 tokens), grouped int4
+#                                         # decode variants (NOTES exp. 90's next step), prefill
+#                                         # at 256 and 2048 tokens, grouped int4
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -106,9 +107,12 @@ case "${1:-}" in
   decode)
     step quantized_gpu_tests 220 6 python -u -m pytest -q -rf -m gpu tests/test_quantized.py
     step tma_rate 60 16 python -u -m benchmarks.tma_rate
-    step decode 280 14 python -u -m benchmarks.quantized --part weight_only \
-      --tokens 1,16,64,256,2048 --weights 4096x14336,14336x4096 --out "$OUT/decode"
-    step grouped 150 12 python -u -m benchmarks.quantized --part grouped --routed 16,64,256 \
+    step decode 200 10 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
+      --weights 4096x14336,14336x4096 --contenders int4_ours,int4_scalew,int4_4wg,int8_ours \
+      --out "$OUT/decode"
+    step prefill 150 6 python -u -m benchmarks.quantized --part weight_only --tokens 256,2048 \
+      --weights 4096x14336 --contenders int4_ours,int4_xla --out "$OUT/prefill"
+    step grouped 120 10 python -u -m benchmarks.quantized --part grouped --routed 16,256 \
       --out "$OUT/grouped"
     ;;
   calibrate)
