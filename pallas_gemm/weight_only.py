@@ -536,8 +536,8 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   group_scales = group_zeros = None
   if not problem.per_channel or on_weights:
     group_scales = qw.scales.astype(x.dtype)
-    if qw.zeros is not None:  # the kernel adds -zero to q, then scales
-      group_zeros = (-qw.zeros).astype(x.dtype)
+    if qw.zeros is not None:  # the kernel subtracts them from q, then scales
+      group_zeros = qw.zeros.astype(x.dtype)
     if interpret:
       pad = lambda v: jnp.pad(v, ((0, 0), (0, values.shape[-2] - n)))
       group_scales = pad(group_scales)

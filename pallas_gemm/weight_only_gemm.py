@@ -72,7 +72,7 @@ class WeightOnlyProblem:
 
   `per_channel` (group_size == K): the scale is constant along K and is applied
   after the K loop by the caller (or on the weights, with scale_on="weights").
-  `zeros`: the groups carry -zero addends (of q). `out_dtype`, `bias` ((N,) f32)
+  `zeros`: the groups carry zero points (subtracted from q). `out_dtype`, `bias` ((N,) f32)
   and `activation` (a built-in's name): the epilogue of the "tile" output.
   `experts` > 0: w is a stack (E, N, K) of experts' weights (scales (E, K // G, N)),
   and the token tiles come from a table (`tile_table`): each multiplies one expert.
@@ -386,7 +386,7 @@ def _kernel(
         w = w_tile.at[mine][...].astype(dtype)
         rows_of = lambda ref: ref[0, mine]
       if p.zeros and scaled:
-        w = w + lax.broadcast_in_dim(rows_of(group_tiles[1]), w.shape, (0,))
+        w = w - lax.broadcast_in_dim(rows_of(group_tiles[1]), w.shape, (0,))
       if scale_weights:
         w = w * lax.broadcast_in_dim(rows_of(group_tiles[0]), w.shape, (0,))
       return w
@@ -545,7 +545,7 @@ def weight_only_gemm(
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
   with `problem.k_block`); scales and zeros (the
-  -zero addends of q): (K // group_size, N) of `problem.dtype`, or None per
+  zero points, subtracted from q): (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
   and zeros carry the leading E, `table` is `tile_table`'s (2, T) int32, and the
@@ -575,11 +575,10 @@ def weight_only_gemm(
       interpret=interpret,
       consumers=config.consumers,
   )
-  scale_arg = scales if scales is not None else jnp.zeros((1, 1), problem.dtype)
-  zero_arg = zeros if zeros is not None else jnp.zeros((1, 1), problem.dtype)
-  bias_arg = bias if bias is not None else jnp.zeros((1,), jnp.float32)
-  table_arg = table if table is not None else jnp.zeros((2, 1), jnp.int32)
-  return launch(x, w, scale_arg, zero_arg, bias_arg, table_arg)
+  # The kernel never reads an absent operand: x stands in for it (a constant would cost
+  # an XLA broadcast kernel, ~1 us, per call).
+  stand_in = lambda operand: x if operand is None else operand
+  return launch(x, w, stand_in(scales), stand_in(zeros), stand_in(bias), stand_in(table))
 
 
 def tile_table(group_sizes, m: int, tile_m: int, token_tiles: int):

@@ -149,7 +149,7 @@ def quantized_ragged_dot(
   x_in = jnp.pad(x, ((0, rows - m), (0, 0))) if rows != m else x
   pad = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, values.shape[-2] - n)))
   scales = pad(qw.scales.astype(x.dtype))
-  zeros = None if qw.zeros is None else pad((-qw.zeros).astype(x.dtype))
+  zeros = None if qw.zeros is None else pad(qw.zeros.astype(x.dtype))
   partials = kernel_lib.weight_only_gemm(
       x_in,
       values,

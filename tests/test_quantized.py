@@ -650,6 +650,23 @@ def test_grouped_bad_arguments_get_named_errors(call, error, match):
     pallas_gemm.quantized_ragged_dot(*call(x, qw, jnp.array([1, 1, 2])))
 
 
+@pytest.mark.parametrize("zeros", [False, True])
+def test_decode_runs_no_xla_kernel_besides_the_split_k_sum(monkeypatch, zeros):
+  # Absent operands (per-channel scales, zeros, bias, the expert table) are not
+  # materialized: a constant stand-in cost an XLA broadcast kernel (~1 us) per call.
+  monkeypatch.setattr(_compat, "on_hopper", lambda: True)
+  qw = jax.eval_shape(
+      lambda: wo.quantize_weights(jnp.ones((4096, 1024)), 4, 128, symmetric=not zeros)
+  )
+  call = lambda x, qw: wo.quantized_matmul(x, qw)
+  text = jax.export.export(jax.jit(call), platforms=["cuda"])(
+      jax.ShapeDtypeStruct((16, 4096), jnp.bfloat16), qw
+  ).mlir_module()
+  xla_ops = [l for l in text.splitlines() if "stablehlo." in l and "custom_call" not in l]
+  assert "mosaic_gpu" in text
+  assert not [op for op in xla_ops if "broadcast_in_dim" in op or "negate" in op]
+
+
 @pytest.mark.parametrize(
     "m,k,kernels", [(64, 1024, 1), (grouped.KERNEL_MAX_M + 8, 1024, 0), (64, 1000, 0)]
 )
