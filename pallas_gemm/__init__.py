@@ -30,7 +30,13 @@ from pallas_gemm.perceptron import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
 from pallas_gemm.tuning_cache import lookup_config
-from pallas_gemm.weight_only import QuantizedWeight, dequantize_weights, quantize_weights, quantized_matmul
+from pallas_gemm.weight_only import (
+    QuantizedWeight,
+    block_weights,
+    dequantize_weights,
+    quantize_weights,
+    quantized_matmul,
+)
 from pallas_gemm.weight_only_grouped import quantized_ragged_dot
 
 try:
@@ -45,6 +51,7 @@ __all__ = [
     "RaggedConfig",
     "all_gather_matmul",
     "autotune",
+    "block_weights",
     "blockwise_fp8_linear",
     "blockwise_fp8_ragged_linear",
     "blockwise_ragged_dot",
