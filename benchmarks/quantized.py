@@ -430,46 +430,26 @@ def main(argv=None):
   else:
     implementation, timer, weights, w8a8 = None, cupti_times_ms, WEIGHTS, W8A8_SHAPES
     tokens, experts, routed = TOKENS, EXPERTS, ROUTED
-  if args.weights:
-    weights = tuple(tuple(int(v) for v in s.split("x")) for s in args.weights.split(","))
-  if args.w8a8_shapes:
-    w8a8 = tuple(tuple(int(v) for v in s.split("x")) for s in args.w8a8_shapes.split(","))
-  if args.experts:
-    experts = tuple(tuple(int(v) for v in s.split("x")) for s in args.experts.split(","))
-  if args.routed:
-    routed = tuple(int(t) for t in args.routed.split(","))
-  if args.tokens:
-    tokens = tuple(int(t) for t in args.tokens.split(","))
+  shapes = lambda text: tuple(tuple(int(v) for v in item.split("x")) for item in text.split(","))
+  numbers = lambda text: tuple(int(v) for v in text.split(","))
+  weights = shapes(args.weights) if args.weights else weights
+  w8a8 = shapes(args.w8a8_shapes) if args.w8a8_shapes else w8a8
+  experts = shapes(args.experts) if args.experts else experts
+  routed = numbers(args.routed) if args.routed else routed
+  tokens = numbers(args.tokens) if args.tokens else tokens
   env = environment()
   print(json.dumps(env))
+  timing = dict(
+      implementation=implementation, rounds=args.rounds, iterations=args.iterations, timer=timer
+  )
   rows = []
   if args.part in ("all", "weight_only"):
-    rows += run_weight_only(
-        weights,
-        tokens,
-        implementation=implementation,
-        rounds=args.rounds,
-        iterations=args.iterations,
-        timer=timer,
-        only=None if args.contenders is None else set(args.contenders.split(",")),
-    )
+    only = None if args.contenders is None else set(args.contenders.split(","))
+    rows += run_weight_only(weights, tokens, only=only, **timing)
   if args.part in ("all", "grouped"):
-    rows += run_grouped(
-        experts,
-        routed,
-        implementation=implementation,
-        rounds=args.rounds,
-        iterations=args.iterations,
-        timer=timer,
-    )
+    rows += run_grouped(experts, routed, **timing)
   if args.part in ("all", "w8a8"):
-    rows += run_w8a8(
-        w8a8,
-        implementation=implementation,
-        rounds=args.rounds,
-        iterations=args.iterations,
-        timer=timer,
-    )
+    rows += run_w8a8(w8a8, **timing)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "quantized.json"), "w") as f:
