@@ -508,7 +508,11 @@ def quantized_matmul(
 
 
 def pad_rows(values, rows: int):
-  """Stored values with N (their axis -2 in either layout) padded to `rows` with zeros."""
+  """Stored values with N (their axis -2 in either layout) padded to `rows` with zeros.
+
+  >>> pad_rows(jnp.ones((2, 5, 128), jnp.int8), 8).shape
+  (2, 8, 128)
+  """
   widths = [(0, 0)] * values.ndim
   widths[-2] = (0, rows - values.shape[-2])
   return jnp.pad(values, widths)
