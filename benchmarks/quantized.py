@@ -14,6 +14,9 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
                  one accumulator, the next step converted while this one's WGMMA runs)
   int4_4wg       decode with 4 consumer warpgroups of 64 weight rows (more warps to hide
                  the convert's latency; where its registers fit)
+  int4_tile      decode as int4_scalew with 64 rows per warpgroup, no split-K and the kernel's
+                 own (M, N) store: no XLA kernel after it (wide weights fill the SMs without
+                 split-K)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
                  to XLA (M > 2048), whether the kernel would have been faster
@@ -102,6 +105,11 @@ def weight_only_contenders(implementation):
       "int4_warp": variant(**warp) if gpu_kernel and _compat.HAS_WARP_MMA else None,
       "int4_scalew": variant(dequant="registers", scale_on="weights") if gpu_kernel else None,
       "int4_4wg": variant(dequant="registers", consumers=4, rows_per_wg=64) if gpu_kernel else None,
+      "int4_tile": (
+          variant(dequant="registers", scale_on="weights", output="tile", split_k=1, rows_per_wg=64)
+          if gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+          else None
+      ),
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (
           (lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas"))
@@ -150,6 +158,7 @@ def run_weight_only(
         "int4_warp",
         "int4_scalew",
         "int4_4wg",
+        "int4_tile",
         "int4_xla",
         "int4_kernel",
     )

@@ -108,7 +108,7 @@ case "${1:-}" in
     step quantized_gpu_tests 220 6 python -u -m pytest -q -rf -m gpu tests/test_quantized.py
     step tma_rate 60 16 python -u -m benchmarks.tma_rate
     step decode 200 10 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
-      --weights 4096x14336,14336x4096 --contenders int4_ours,int4_scalew,int4_4wg,int8_ours \
+      --weights 4096x14336,14336x4096 --contenders int4_ours,int4_scalew,int4_4wg,int4_tile,int8_ours \
       --out "$OUT/decode"
     step prefill 150 6 python -u -m benchmarks.quantized --part weight_only --tokens 256,2048 \
       --weights 4096x14336 --contenders int4_ours,int4_xla --out "$OUT/prefill"
