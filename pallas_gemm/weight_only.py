@@ -93,18 +93,26 @@ class QuantizedWeight:
   @property
   def shape(self) -> tuple[int, ...]:
     """The (K, N) shape of the weight it stands for ((E, K, N) for a stack of experts)."""
+    shape = self.values.shape
     if self.k_block:
-      *lead, blocks, n, block = self.values.shape
+      if len(shape) < 3 or shape[-1] != self.k_block:
+        raise ValueError(
+            f"QuantizedWeight.values must be (..., K / k_block, N, k_block) with k_block="
+            f"{self.k_block}, got shape {shape}"
+        )
+      *lead, blocks, n, block = shape
       return (*lead, blocks * block, n)
-    *lead, n, k = self.values.shape
+    if len(shape) < 2:
+      raise ValueError(f"QuantizedWeight.values must be (..., N, K), got shape {shape}")
+    *lead, n, k = shape
     return (*lead, k, n)
 
   def nk_values(self):
     """The values as (N, K) (or (E, N, K)), whatever the stored layout."""
     if not self.k_block:
       return self.values
-    *lead, blocks, n, block = self.values.shape
-    return jnp.swapaxes(self.values, -3, -2).reshape(*lead, n, blocks * block)
+    *lead, k, n = self.shape
+    return jnp.swapaxes(self.values, -3, -2).reshape(*lead, n, k)
 
 
 def block_weights(qw: QuantizedWeight, k_block: int = K_BLOCK) -> QuantizedWeight:

@@ -261,6 +261,9 @@ def test_k_blocks_store_the_same_weight(lead):
   assert wo.quantize_weights(w[..., :72, :], 4, 8).k_block == 0  # 128 does not divide K
   with pytest.raises(ValueError, match="k_block=96 must be a multiple of 64 dividing K=384"):
     wo.block_weights(qw, 96)
+  mislabeled = dataclasses.replace(plain, k_block=128)  # (N, K) values called K blocks
+  with pytest.raises(ValueError, match=r"values must be \(\.\.\., K / k_block, N, k_block\)"):
+    wo.quantized_matmul(jnp.ones((2, 384), jnp.bfloat16), mislabeled)
 
 
 @needs_transposes
