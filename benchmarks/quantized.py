@@ -85,9 +85,7 @@ def weight_only_contenders(implementation):
 
   def variant(**fields):
     def run(x, qw):
-      problem = wo.kernel_lib.WeightOnlyProblem(
-          m=x.shape[0], n=qw.shape[1], k=qw.shape[0], bits=4, group_size=qw.group_size
-      )
+      problem = wo.problem_of(x, qw)
       config = wo.default_config(problem, _compat.device_sm_count() or 132, dequant="smem")
       config = wo.deepest_ring(dataclasses.replace(config, **fields), problem)
       return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
@@ -232,10 +230,7 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
 
   def kernel(mma):
     def run(x, qw, sizes):
-      e, k, n = qw.shape
-      problem = wo.kernel_lib.WeightOnlyProblem(
-          m=x.shape[0], n=n, k=k, bits=4, group_size=qw.group_size, experts=e
-      )
+      problem = wo.problem_of(x, qw, experts=qw.shape[0])
       config = dataclasses.replace(
           wo_grouped.grouped_config(problem, _compat.device_sm_count() or 132), mma=mma
       )
@@ -273,12 +268,12 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
       reference = lambda ws: np.concatenate(
           [x64[bounds[i] : bounds[i + 1]] @ ws[i] for i in range(e)]
       )
+      refs = {True: reference(w64), False: reference(d64)}  # by "the operand is bf16"
       case = f"{m}x{e}x{n}x{k}"
-      samples, refs = {}, {}
+      samples = {}
       for name, fn in contenders.items():
         operand = w if name == "bf16_ragged" else q4
-        ref = refs.setdefault(operand is w, reference(w64 if operand is w else d64))
-        err = _rel_err(jax.jit(fn)(x, operand, sizes), ref)
+        err = _rel_err(jax.jit(fn)(x, operand, sizes), refs[operand is w])
         log(f"grouped {case:20s} {name:11s} rel. error vs float64 {err:.1e}")
         if err > 1e-2:
           raise SystemExit(f"{case} {name}: relative error {err:.1e}")
@@ -350,6 +345,15 @@ def run_w8a8(shapes, *, implementation, rounds, iterations, timer, log=print):
   return rows
 
 
+def _by_case(rows, names):
+  """(case, {contender: row}, its "us" cells in `names`' order) per case, in row order."""
+  by_case = {}
+  for r in rows:
+    by_case.setdefault(r["case"], {})[r["contender"]] = r
+  for case, c in by_case.items():
+    yield case, c, " | ".join(f"{c[n]['median_ms'] * 1e3:.1f}" if n in c else "-" for n in names)
+
+
 def format_tables(rows, hbm_gbps) -> str:
   lines = []
   wo_rows = [r for r in rows if r["part"] == "weight_only"]
@@ -361,11 +365,7 @@ def format_tables(rows, hbm_gbps) -> str:
         + " | bf16 / int4_ours | bf16 / int8_ours | int4_ours HBM % |",
         "|---" * (4 + len(names)) + "|",
     ]
-    by_case = {}
-    for r in wo_rows:
-      by_case.setdefault(r["case"], {})[r["contender"]] = r
-    for case, c in by_case.items():
-      cells = " | ".join(f"{c[n]['median_ms'] * 1e3:.1f}" if n in c else "-" for n in names)
+    for case, c, cells in _by_case(wo_rows, names):
       ratio = lambda n: (f"{c['bf16_dot']['median_ms'] / c[n]['median_ms']:.2f}" if n in c else "-")
       roof = (
           f"{100 * c['int4_ours']['gbps'] / hbm_gbps:.0f}" if hbm_gbps and "int4_ours" in c else "-"
@@ -379,11 +379,7 @@ def format_tables(rows, hbm_gbps) -> str:
         "| rows x E x N x K | " + " | ".join(f"{n} us" for n in names) + " | bf16 / best int4 |",
         "|---" * (2 + len(names)) + "|",
     ]
-    by_case = {}
-    for r in grouped:
-      by_case.setdefault(r["case"], {})[r["contender"]] = r
-    for case, c in by_case.items():
-      cells = " | ".join(f"{c[n]['median_ms'] * 1e3:.1f}" if n in c else "-" for n in names)
+    for case, c, cells in _by_case(grouped, names):
       best = min(v["median_ms"] for n, v in c.items() if n.startswith("int4"))
       lines.append(f"| {case} | {cells} | {c['bf16_ragged']['median_ms'] / best:.2f} |")
   w8 = [r for r in rows if r["part"] == "w8a8"]
@@ -393,10 +389,7 @@ def format_tables(rows, hbm_gbps) -> str:
         "| MxNxK | bf16_dot ms | int8_ours ms (TOP/s) | int8_xla ms | bf16 / ours | xla / ours |",
         "|---|---|---|---|---|---|",
     ]
-    by_case = {}
-    for r in w8:
-      by_case.setdefault(r["case"], {})[r["contender"]] = r
-    for case, c in by_case.items():
+    for case, c, _ in _by_case(w8, ()):
       b, o, x = (c[n]["median_ms"] for n in ("bf16_dot", "int8_ours", "int8_xla"))
       lines.append(
           f"| {case} | {b:.3f} | {o:.3f} ({c['int8_ours']['tops']:.0f}) | {x:.3f} | {b / o:.2f} | {x / o:.2f} |"

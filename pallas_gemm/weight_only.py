@@ -434,6 +434,19 @@ def kernel_fits(problem: kernel_lib.WeightOnlyProblem) -> str | None:
   return None
 
 
+def routed(implementation, why_not: str | None, m: int, max_m: int):
+  """`implementation` with None/"auto" decided: "pallas" on a Hopper GPU where the kernel
+  fits (`why_not` is None) and 0 < m <= max_m, else "xla"; other values as given.
+
+  >>> routed(None, "K=100 is not a multiple of 256", 16, 2048), routed("interpret", None, 1, 1)
+  ('xla', 'interpret')
+  """
+  if implementation not in (None, "auto"):
+    return implementation
+  use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= max_m
+  return "pallas" if use_kernel else "xla"
+
+
 def quantized_matmul(
     x,
     w_q,
@@ -486,9 +499,7 @@ def quantized_matmul(
   m = x2.shape[0]
   problem = problem_of(x2, qw)
   why_not = kernel_fits(problem)
-  if implementation in (None, "auto"):
-    use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= KERNEL_MAX_M
-    implementation = "pallas" if use_kernel else "xla"
+  implementation = routed(implementation, why_not, m, KERNEL_MAX_M)
   if 0 in (m, n):
     implementation = "xla"
   if implementation != "xla" and why_not is not None:

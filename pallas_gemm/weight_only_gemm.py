@@ -544,8 +544,8 @@ def weight_only_gemm(
   output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
-  with `problem.k_block`); scales and zeros (the
-  zero points, subtracted from q): (K // group_size, N) of `problem.dtype`, or None per
+  with `problem.k_block`); scales and zeros (the zero points, subtracted from q):
+  (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
   and zeros carry the leading E, `table` is `tile_table`'s (2, T) int32, and the

@@ -120,9 +120,7 @@ def quantized_ragged_dot(
   m = x.shape[0]
   problem = wo.problem_of(x, qw, experts=experts)
   why_not = wo.kernel_fits(problem)
-  if implementation in (None, "auto"):
-    use_kernel = _compat.on_hopper() and why_not is None and 0 < m <= KERNEL_MAX_M
-    implementation = "pallas" if use_kernel else "xla"
+  implementation = wo.routed(implementation, why_not, m, KERNEL_MAX_M)
   if implementation == "xla" or 0 in (m, n):
     w = wo.dequantize_weights(qw, x.dtype)  # (E, K, N)
     return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=out_dtype)
