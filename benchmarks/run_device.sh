@@ -17,6 +17,8 @@
 #                                         # grouped kernel included), HBM streaming by TMA box,
 #                                         # decode variants (NOTES exp. 90's next step), prefill
 #                                         # at 256 and 2048 tokens, grouped int4
+#   bash benchmarks/run_device.sh trace  # one GPU (~6 min): quantized GPU tests, decode under the
+#                                         # in-kernel profiler (cycles per region), decode timing
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -115,11 +117,18 @@ case "${1:-}" in
     step grouped 120 10 python -u -m benchmarks.quantized --part grouped --routed 16,256 \
       --out "$OUT/grouped"
     ;;
+  trace)
+    step quantized_gpu_tests 220 6 python -u -m pytest -q -rf -m gpu tests/test_quantized.py
+    step decode_trace 200 110 python -u -m benchmarks.decode_trace --tokens 1,16,64 \
+      --contenders int4_ours,int4_tile,int8_ours
+    step decode 150 10 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
+      --weights 4096x14336 --contenders int4_ours,int4_tile,int8_ours --out "$OUT/decode"
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|trace|next|calibrate" >&2
     exit 2
     ;;
 esac

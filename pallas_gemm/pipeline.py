@@ -37,12 +37,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+import jax
 from jax import lax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import kernel_trace
 
 MEMORY_REGISTERS = 40
 """Registers per thread left to the producer warpgroup (setmaxnreg)."""
@@ -112,6 +114,12 @@ class Ring:
   def slot(self, step):
     return lax.rem(step, self.stages)
 
+  def wait_loaded(self, slot) -> None:
+    """Consumer: waits until `slot`'s TMA copies have landed (the "ring_wait" region
+    of a `kernel_trace`: a consumer that spends its time here is starved by memory)."""
+    with jax.named_scope("ring_wait"):
+      plgpu.barrier_wait(self.loaded.at[slot])
+
   def stage(self, slot) -> tuple:
     """The views of every buffer at `slot`."""
     return tuple(buffer.at[slot] for buffer in self.buffers)
@@ -124,11 +132,13 @@ class Ring:
 
     @pl.when(step >= self.stages)
     def _():
-      plgpu.barrier_wait(self.consumed.at[slot])
+      with jax.named_scope("slot_wait"):
+        plgpu.barrier_wait(self.consumed.at[slot])
 
     collective = tuple(collective) or (None,) * len(sources)
-    for source, buffer, axes in zip(sources, self.buffers, collective, strict=True):
-      plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot], collective_axes=axes)
+    with jax.named_scope("tma_issue"):
+      for source, buffer, axes in zip(sources, self.buffers, collective, strict=True):
+        plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot], collective_axes=axes)
 
   def drain(self, steps) -> None:
     """Producer, after its last `fill`: waits until the last stages are released, so
@@ -161,11 +171,12 @@ class Ring:
     def _(k):
       step = step0 + k - k_begin
       slot = self.slot(step)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       pairs = operands(k, *self.stage(slot))
       for acc_ref, pair in zip(accs, pairs if isinstance(acc, tuple) else (pairs,), strict=True):
         plgpu.wgmma(acc_ref, *pair)
-      plgpu.wgmma_wait(len(accs))  # the previous stage's WGMMAs are done: release it
+      with jax.named_scope("wgmma_wait"):
+        plgpu.wgmma_wait(len(accs))  # the previous stage's WGMMAs are done: release it
 
       @pl.when(k > k_begin)
       def _():
@@ -185,9 +196,10 @@ class Ring:
     @pl.loop(k_begin, k_end)
     def _(k):
       slot = self.slot(step0 + k - k_begin)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       plgpu.wgmma(acc, *operands(k, *self.stage(slot)))
-      plgpu.wgmma_wait(0)
+      with jax.named_scope("wgmma_wait"):
+        plgpu.wgmma_wait(0)
       plgpu.barrier_arrive(self.consumed.at[slot])
 
   def mma_register_operand(
@@ -213,14 +225,15 @@ class Ring:
 
     def ready(k):
       slot, stage = views(k)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       return convert(k, *stage)
 
     def issue(k, a):
       """Step k's WGMMA behind the previous step's; then that one retires."""
       _, stage = views(k)
       plgpu.wgmma(acc, a, smem_operand(k, *stage))
-      plgpu.wgmma_wait(1)
+      with jax.named_scope("wgmma_wait"):
+        plgpu.wgmma_wait(1)
 
       def release_previous():
         plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k - 1 - k_begin)])
@@ -255,7 +268,7 @@ class Ring:
 
     def step(k, total):
       slot = self.slot(step0 + k - k_begin)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       a, b = operands(k, *self.stage(slot))
       plgpu.barrier_arrive(self.consumed.at[slot])
       return plgpu.mma(total, a, b)
@@ -278,13 +291,14 @@ class Ring:
 
     def issue(k, acc):
       slot = self.slot(step0 + k - k_begin)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       views = self.stage(slot)
       plgpu.wgmma(acc, *operands(k, *views))
       return slot, views
 
     def promote(k, acc, slot, views, total, in_flight):
-      part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # this step's WGMMA done
+      with jax.named_scope("wgmma_wait"):
+        part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # this step's WGMMA done
       factor = scale(k, *views)
       plgpu.barrier_arrive(self.consumed.at[slot])
       return total + part * factor
@@ -318,7 +332,7 @@ class Ring:
     @pl.loop(0, count)
     def _(k):
       slot = self.slot(step0 + k)
-      plgpu.barrier_wait(self.loaded.at[slot])
+      self.wait_loaded(slot)
       plgpu.barrier_arrive(self.consumed.at[slot])
 
 
@@ -399,7 +413,7 @@ def launch(
       grid_names=("sm",),
       num_threads=consumers + 1,
       thread_name="wg",
-      compiler_params=compiler_params or _compat.compiler_params(),
+      compiler_params=kernel_trace.with_profiler(compiler_params or _compat.compiler_params()),
       interpret=interpret,
       **cluster_kwargs,
   )

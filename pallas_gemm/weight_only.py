@@ -297,7 +297,8 @@ def default_config(
 
   Decode (M <= DECODE_MAX_M): the narrowest token tile that holds M, the widest K
   step one scale group allows, 128 weight rows per warpgroup, group scales on each
-  step's product. Prefill: 128 to 256 tokens per tile, 64 weight rows per warpgroup,
+  step's product; where the model picks no split-K, 64 rows per warpgroup, scales on
+  the weights and the kernel's own output store instead. Prefill: 128 to 256 tokens per tile, 64 weight rows per warpgroup,
   64-wide K steps, scales on the weights. Either way split-K is chosen by a small time
   model (waves x steps per item, plus the f32 partials that XLA sums); without
   split-K, a 16-bit output is finished and stored by the kernel ("tile"). The ring
@@ -325,10 +326,32 @@ def default_config(
   items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
   step_us = decode_step_us(rows, tile_k, problem.bits)
   split_k = split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
-  config = kernel_lib.WeightOnlyConfig(
-      tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
-  )
+  if split_k == 1 and _tile_output(problem):
+    # Whole sums per CTA: the kernel finishes and stores them, and no f32 partials make
+    # the round trip through XLA (64 tokens, 14336x4096: 22.6 against 27.4 us, H100).
+    config = kernel_lib.WeightOnlyConfig(
+        tile_m=tile_m,
+        tile_k=tile_k,
+        stages=2,
+        dequant=dequant,
+        rows_per_wg=64,
+        scale_on="weights",
+        output="tile",
+    )
+  else:
+    config = kernel_lib.WeightOnlyConfig(
+        tile_m=tile_m, tile_k=tile_k, stages=2, split_k=split_k, dequant=dequant, rows_per_wg=rows
+    )
   return deepest_ring(rows_that_fit(config, problem), problem)
+
+
+def _tile_output(problem) -> bool:
+  """Whether the kernel can store the finished (M, N) output itself ("tile")."""
+  return (
+      problem.out_dtype in kernel_lib.ACTIVATION_DTYPES
+      and not problem.experts
+      and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+  )
 
 
 def _prefill_config(problem, num_sms, dequant):
@@ -345,11 +368,7 @@ def _prefill_config(problem, num_sms, dequant):
     if best is None or cost < best[0]:
       best = cost, tile_m, split_k
   _, tile_m, split_k = best
-  tile = (
-      split_k == 1
-      and problem.out_dtype in kernel_lib.ACTIVATION_DTYPES
-      and _compat.STORES_THROUGH_TRANSPOSED_SMEM
-  )
+  tile = split_k == 1 and _tile_output(problem)
   config = kernel_lib.WeightOnlyConfig(
       tile_m=tile_m,
       tile_k=64,

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import kernel_trace
 from pallas_gemm import pipeline
 from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
 from pallas_gemm.smem import LIMIT_BYTES as SMEM_BYTES
@@ -257,7 +258,8 @@ class WeightOnlyConfig:
       out = self.tile_n * self.tile_m * jnp.dtype(problem.out_dtype).itemsize
     if self.dequant == "smem":
       out += 2 * self.tile_n * self.tile_k * x_bytes
-    return self.stages * stage + out + 1024  # barriers and alignment
+    profiler = kernel_trace.smem_bytes(self.consumers + 1)
+    return self.stages * stage + out + profiler + 1024  # barriers and alignment
 
 
 def _swizzle(row_bytes: int) -> int:
@@ -374,6 +376,7 @@ def _kernel(
 
       ring.drain(pipeline.persistent_loop(items, load, **steps_of))
 
+    @jax.named_scope("convert")
     def convert(w_tile, group_tiles, *, wgmma: bool = True):
       """The convert stage: this warpgroup's weight rows as q - zero in registers, times
       the group scale where the weights carry it (else `promote` scales the product).
@@ -408,6 +411,7 @@ def _kernel(
       scale = _compat.load_registers(scale_tile.at[0, mine], row_layout)
       return lax.broadcast_in_dim(scale.astype(jnp.float32), (rows, tm), (0,))
 
+    @jax.named_scope("store")
     def store_partials(result, split, col0, ni):
       """The f32 (rows, tokens) sums, `partial_cols` tokens per store through one slot."""
       slot = out_smem.at[wg]
@@ -420,6 +424,7 @@ def _kernel(
             slot, out_gmem.at[split, pl.ds(ni * tile_n + wg * rows, rows), tokens]
         )
 
+    @jax.named_scope("store")
     def store_tile(result, row0, ni):
       """bias and activation on this warpgroup's (rows, tokens) sums, stored transposed
       as the (tokens, rows) block of the (M, N) output (TMA clips the edges)."""

@@ -318,6 +318,22 @@ def test_default_config_fits_and_splits_k_only_where_it_shortens_the_critical_pa
   assert wo.default_config(problem, 132).split_k == 8  # 16 tiles of 256 rows: 128 items
 
 
+@pytest.mark.parametrize("m,n,k", [(64, 14336, 4096), (1, 128256, 4096), (16, 14336, 4096)])
+def test_decode_default_stores_whole_sums_where_it_does_not_split_k(m, n, k):
+  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
+  config = wo.default_config(problem, 132)
+  config.validate(problem)
+  if config.split_k > 1:  # 16 tokens of 14336 rows: 56 tiles of 256 rows, split in 2
+    assert (config.output, config.scale_on) == ("partials", "product")
+    return
+  if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    assert config.output == "partials"
+    return
+  assert (config.output, config.scale_on, config.rows_per_wg) == ("tile", "weights", 64)
+  f32 = dataclasses.replace(problem, out_dtype="float32")
+  assert wo.default_config(f32, 132).output == "partials"
+
+
 @pytest.mark.parametrize("m", [65, 200, 300, 2048])
 @pytest.mark.parametrize("n,k", [(14336, 4096), (4096, 14336)])
 def test_prefill_default_scales_weights_and_stores_whole_sums_in_the_kernel(m, n, k):

@@ -1,0 +1,90 @@
+"""Where the weight-only kernel's cycles go, per warpgroup: decode under the in-kernel profiler.
+
+    python -m benchmarks.decode_trace                       # GPU: one table per case
+    python -m benchmarks.decode_trace --tokens 16 --contenders int4_ours,int4_tile
+
+Each contender of `benchmarks.quantized` that runs the kernel is called once
+inside `pallas_gemm.kernel_trace.tracing`, and the trace of that call is summed
+by region: the consumers' "ring_wait" (starved: the weights have not landed),
+"convert" (int4 -> bf16 in registers), "wgmma_wait" (the tensor cores), "store";
+the producer's "slot_wait" (the ring is full: the consumers are the limit) and
+"tma_issue". Cycles are SM clock cycles; the profiler adds ~10-20 per region, and
+its buffer may cost the ring a stage. It needs a GPU: the profiler writes its trace
+from a host callback, which jax cannot export for another platform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import quantized as bench
+from pallas_gemm import kernel_trace
+from pallas_gemm import weight_only as wo
+
+CONTENDERS = ("int4_ours", "int4_tile", "int4_scalew", "int8_ours")
+
+
+def _case(m: int, k: int, n: int, name: str, seed: int = 0):
+  """x (m, k) and the quantized (k, n) weight of contender `name` (int8 for int8_*)."""
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+  return x, wo.quantize_weights(w, bits=8 if name.startswith("int8") else 4, group_size=128)
+
+
+def trace_one(fn, x, qw, directory: str) -> dict:
+  """The summed trace of one call of `fn(x, qw)` (after one untraced warm-up call)."""
+  with kernel_trace.tracing(directory):
+    call = jax.jit(fn)
+    jax.block_until_ready(call(x, qw))  # compiles; its trace is not the one read
+    before = set(kernel_trace.traces(directory))
+    jax.block_until_ready(call(x, qw))
+    jax.effects_barrier()
+  written = [path for path in kernel_trace.traces(directory) if path not in before]
+  if not written:
+    raise RuntimeError(f"no trace was written into {directory} (did the kernel run?)")
+  return kernel_trace.summarize(kernel_trace.load(written[-1]))
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--tokens", default="1,16,64")
+  parser.add_argument("--weights", default="4096x14336", help="KxN list")
+  parser.add_argument("--contenders", default=",".join(CONTENDERS))
+  parser.add_argument("--out", default=None, help="folder for the traces (default: a temp dir)")
+  args = parser.parse_args(argv)
+  tokens = [int(t) for t in args.tokens.split(",")]
+  weights = [tuple(int(d) for d in kn.split("x")) for kn in args.weights.split(",")]
+  names = args.contenders.split(",")
+  contenders = bench.weight_only_contenders(None)
+  unknown = [name for name in names if contenders.get(name) is None]
+  if unknown:
+    raise SystemExit(f"--contenders: {unknown} are not kernel contenders of benchmarks.quantized")
+  out = args.out or tempfile.mkdtemp(prefix="decode_trace_")
+  if jax.default_backend() != "gpu":
+    raise SystemExit("benchmarks.decode_trace needs a GPU (the profiler runs in the kernel)")
+  from benchmarks.matmul import environment
+
+  print(environment())
+  for k, n in weights:
+    for m in tokens:
+      for name in names:
+        x, qw = _case(m, k, n, name)
+        directory = os.path.join(out, f"{name}_{m}x{n}x{k}")
+        try:
+          summary = trace_one(contenders[name], x, qw, directory)
+        except Exception as e:  # one contender's failure must not hide the others'
+          print(f"\n{name} {m}x{n}x{k}: failed: {type(e).__name__}: {str(e)[:300]}")
+          continue
+        print(f"\n{name} {m}x{n}x{k} ({directory})\n{kernel_trace.table(summary)}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
