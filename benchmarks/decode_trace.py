@@ -39,14 +39,17 @@ def _case(m: int, k: int, n: int, name: str, seed: int = 0):
 
 
 def trace_one(fn, x, qw, directory: str) -> dict:
-  """The summed trace of one call of `fn(x, qw)` (after one untraced warm-up call)."""
+  """The summed trace of one call of `fn(x, qw)` (after one warm-up call, whose trace is
+  deleted: the profiler names a kernel's trace file once and never overwrites it)."""
   with kernel_trace.tracing(directory):
     call = jax.jit(fn)
-    jax.block_until_ready(call(x, qw))  # compiles; its trace is not the one read
-    before = set(kernel_trace.traces(directory))
     jax.block_until_ready(call(x, qw))
     jax.effects_barrier()
-  written = [path for path in kernel_trace.traces(directory) if path not in before]
+    for path in kernel_trace.traces(directory):
+      os.remove(path)
+    jax.block_until_ready(call(x, qw))
+    jax.effects_barrier()
+  written = kernel_trace.traces(directory)
   if not written:
     raise RuntimeError(f"no trace was written into {directory} (did the kernel run?)")
   return kernel_trace.summarize(kernel_trace.load(written[-1]))
