@@ -38,9 +38,10 @@ def _case(m: int, k: int, n: int, name: str, seed: int = 0):
   return x, wo.quantize_weights(w, bits=8 if name.startswith("int8") else 4, group_size=128)
 
 
-def trace_one(fn, x, qw, directory: str) -> dict:
-  """The summed trace of one call of `fn(x, qw)` (after one warm-up call, whose trace is
-  deleted: the profiler names a kernel's trace file once and never overwrites it)."""
+def trace_one(fn, x, qw, directory: str) -> tuple[dict, float]:
+  """The summed trace of one call of `fn(x, qw)`, and how far apart (us) its CTAs
+  started; after one warm-up call, whose trace is deleted (the profiler names a
+  kernel's trace file once and never overwrites it)."""
   with kernel_trace.tracing(directory):
     call = jax.jit(fn)
     jax.block_until_ready(call(x, qw))
@@ -52,7 +53,8 @@ def trace_one(fn, x, qw, directory: str) -> dict:
   written = kernel_trace.traces(directory)
   if not written:
     raise RuntimeError(f"no trace was written into {directory} (did the kernel run?)")
-  return kernel_trace.summarize(kernel_trace.load(written[-1]))
+  trace = kernel_trace.load(written[-1])
+  return kernel_trace.summarize(trace), kernel_trace.start_spread_us(trace)
 
 
 def main(argv=None) -> int:
@@ -81,11 +83,15 @@ def main(argv=None) -> int:
         x, qw = _case(m, k, n, name)
         directory = os.path.join(out, f"{name}_{m}x{n}x{k}")
         try:
-          summary = trace_one(contenders[name], x, qw, directory)
+          summary, spread = trace_one(contenders[name], x, qw, directory)
         except Exception as e:  # one contender's failure must not hide the others'
           print(f"\n{name} {m}x{n}x{k}: failed: {type(e).__name__}: {str(e)[:300]}")
           continue
-        print(f"\n{name} {m}x{n}x{k} ({directory})\n{kernel_trace.table(summary)}", flush=True)
+        print(
+            f"\n{name} {m}x{n}x{k}: CTAs started within {spread:.2f} us ({directory})\n"
+            f"{kernel_trace.table(summary)}",
+            flush=True,
+        )
   return 0
 
 

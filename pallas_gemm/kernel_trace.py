@@ -20,8 +20,8 @@ traced kernel may need a stage fewer than its config's.
 >>> s = summarize({"traceEvents": events})
 >>> s["ring_wait"]["cycles"], s["ring_wait"]["count"], round(s["convert"]["share"], 2)
 (300.0, 1, 0.7)
->>> s["(span)"]["cycles"]
-1000.0
+>>> s["(span)"]["cycles"], start_spread_us({"traceEvents": events})
+(1000.0, 0.0)
 """
 
 from __future__ import annotations
@@ -132,6 +132,15 @@ def summarize(trace: dict) -> dict:
       )
       for name in sorted(cycles)
   }
+
+
+def start_spread_us(trace: dict) -> float:
+  """How far apart (us, by the global timer) the warpgroups of a trace started: the
+  time the GPU took to launch every CTA of the kernel."""
+  firsts = {}
+  for event in trace["traceEvents"]:
+    firsts[event["tid"]] = min(event["ts"], firsts.get(event["tid"], event["ts"]))
+  return max(firsts.values()) - min(firsts.values()) if firsts else 0.0
 
 
 def table(summary: dict) -> str:

@@ -293,15 +293,18 @@ class Ring:
       slot = self.slot(step0 + k - k_begin)
       self.wait_loaded(slot)
       views = self.stage(slot)
-      plgpu.wgmma(acc, *operands(k, *views))
+      a, b = operands(k, *views)
+      with jax.named_scope("wgmma_issue"):
+        plgpu.wgmma(acc, a, b)
       return slot, views
 
     def promote(k, acc, slot, views, total, in_flight):
       with jax.named_scope("wgmma_wait"):
         part = plgpu.wgmma_accumulator_load(acc, wait_n=in_flight)  # this step's WGMMA done
-      factor = scale(k, *views)
-      plgpu.barrier_arrive(self.consumed.at[slot])
-      return total + part * factor
+      with jax.named_scope("promote"):
+        factor = scale(k, *views)
+        plgpu.barrier_arrive(self.consumed.at[slot])
+        return total + part * factor
 
     def steps(k, total, count):
       """`count` (1 or 2) steps from k, their accumulators zeroed by the scope."""

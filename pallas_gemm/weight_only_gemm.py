@@ -382,8 +382,11 @@ def _kernel(
       the group scale where the weights carry it (else `promote` scales the product).
       `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
       if wgmma:
-        w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
-        w = plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(dtype)
+        with jax.named_scope("smem_load"):
+          w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
+          w = plgpu.layout_cast(w, plgpu.Layout.WGMMA)
+        with jax.named_scope("to_float"):
+          w = w.astype(dtype)
         rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
       else:
         w = w_tile.at[mine][...].astype(dtype)
