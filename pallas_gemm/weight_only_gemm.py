@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm import fragments
 from pallas_gemm import kernel_trace
 from pallas_gemm import pipeline
 from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
@@ -79,6 +80,8 @@ class WeightOnlyProblem:
   and the token tiles come from a table (`tile_table`): each multiplies one expert.
   `k_block` > 0: w is stored in K blocks, (K / k_block, N, k_block) (`QuantizedWeight`'s
   layout), so that a ring step's box of weight rows is one contiguous run of memory.
+  `fragments`: int4 w is packed in WGMMA's register order (`fragments.pack`, for
+  the config's rows_per_wg, tile_k and consumers): no relayout in the convert.
   """
 
   m: int
@@ -93,6 +96,7 @@ class WeightOnlyProblem:
   activation: str | None = None
   experts: int = 0
   k_block: int = 0
+  fragments: bool = False
 
   @property
   def per_channel(self) -> bool:
@@ -224,6 +228,8 @@ class WeightOnlyConfig:
           f"WeightOnlyConfig.output='tile' needs jax >= 0.11 (a transposed SMEM store); "
           f"jax {jax.__version__} has the 'partials' output"
       )
+    if problem.fragments:
+      self._validate_fragments(problem)
     registers = self.registers()
     if registers > pipeline.compute_registers(self.consumers):
       raise ValueError(
@@ -236,6 +242,26 @@ class WeightOnlyConfig:
       raise ValueError(
           f"WeightOnlyConfig.stages={self.stages}: {need} bytes of shared memory > {SMEM_BYTES}"
       )
+
+  def _validate_fragments(self, problem: WeightOnlyProblem) -> None:
+    """The rules of weights packed in WGMMA's register order (`fragments.pack`)."""
+    rules = {
+        "bits": (problem.bits == 4, "int4"),
+        "dtype": (problem.dtype == "bfloat16", "bfloat16 activations"),
+        "dequant": (self.dequant == "registers", "dequant='registers'"),
+        "mma": (self.mma == "wgmma", "mma='wgmma'"),
+        "experts": (not problem.experts, "one weight, not a stack of experts"),
+        "k_block": (not problem.k_block, "k_block=0 (the packing is its own layout)"),
+        "n": (problem.n % self.tile_n == 0, f"N a multiple of tile_n={self.tile_n}"),
+        "k": (problem.k % self.tile_k == 0, f"K a multiple of tile_k={self.tile_k}"),
+        "rows_per_wg": (
+            self.rows_per_wg * self.tile_k % 4096 == 0,
+            "rows_per_wg * tile_k a multiple of 4096 (whole 16-byte loads per thread)",
+        ),
+    }
+    for field, (ok, rule) in rules.items():
+      if not ok:
+        raise ValueError(f"WeightOnlyProblem.fragments needs {rule} ({field} breaks it)")
 
   def registers(self) -> int:
     """Per consumer thread: the converted bf16 weights (2 per register; two steps' of
@@ -340,6 +366,8 @@ def _kernel(
   def weight_view(w, weights, kk):
     """K step kk of the weight rows `weights`; in K blocks, a step past K reads the last
     block (x is zero there: TMA zero-fills its columns past K)."""
+    if p.fragments:
+      return w.at[lax.div(weights.start, tile_n), jnp.minimum(kk, k_steps - 1)]
     if not p.k_block:
       return w.at[weights, pl.ds(kk * tk, tk)]
     per_block = p.k_block // tk
@@ -381,7 +409,10 @@ def _kernel(
       """The convert stage: this warpgroup's weight rows as q - zero in registers, times
       the group scale where the weights carry it (else `promote` scales the product).
       `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
-      if wgmma:
+      if p.fragments:
+        w = fragments.convert(w_tile, rows, tk)
+        rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
+      elif wgmma:
         with jax.named_scope("smem_load"):
           w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
           w = plgpu.layout_cast(w, plgpu.Layout.WGMMA)
@@ -501,7 +532,11 @@ def _kernel(
     pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
 
   buffers = [
-      ((tile_n, tk), jnp.int4 if p.bits == 4 else jnp.int8, _transforms(p.bits, tk)),
+      (
+          (tile_n * tk // 1024, 128) if p.fragments else (tile_n, tk),
+          jnp.int32 if p.fragments else jnp.int4 if p.bits == 4 else jnp.int8,
+          () if p.fragments else _transforms(p.bits, tk),
+      ),
       ((tm, tk), dtype, _transforms(8 * dtype.itemsize, tk)),
   ]
   if scaled:
@@ -552,7 +587,8 @@ def weight_only_gemm(
   output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
-  with `problem.k_block`); scales and zeros (the zero points, subtracted from q):
+  with `problem.k_block`, or `fragments.pack`'s int32 words with `problem.fragments`,
+  packed for the config's rows_per_wg, tile_k and consumers); scales and zeros (the zero points, subtracted from q):
   (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
