@@ -17,8 +17,8 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int4_tile      decode as int4_scalew with 64 rows per warpgroup, no split-K and the kernel's
                  own (M, N) store: no XLA kernel after it (wide weights fill the SMs without
                  split-K)
-  int4_frag      the kernel on int4 weights packed in WGMMA's register order
-                 (`pallas_gemm.fragments`: no relayout in the convert; not yet the default)
+  int4_frag      the default route on int4 weights packed in WGMMA's register order
+                 (`pack_fragments`: no relayout in the kernel's convert)
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
                  to XLA (M > 2048), whether the kernel would have been faster
@@ -54,12 +54,9 @@ import numpy as np
 
 from benchmarks.matmul import cupti_times_ms, environment
 from pallas_gemm import _compat
-from pallas_gemm import fragments
 from pallas_gemm import int8 as int8_lib
 from pallas_gemm import weight_only as wo
-from pallas_gemm import weight_only_gemm as kernel_lib
 from pallas_gemm import weight_only_grouped as wo_grouped
-from pallas_gemm.tma_padding import round_up
 
 WEIGHTS = ((4096, 14336), (14336, 4096), (8192, 28672), (4096, 128256))
 """(K, N) weights of Llama-3 8B/70B projections and a 128k-vocabulary head."""
@@ -113,7 +110,7 @@ def weight_only_contenders(implementation):
           if gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
           else None
       ),
-      "int4_frag": _fragments_matmul if gpu_kernel else None,
+      "int4_frag": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (
           (lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas"))
@@ -122,38 +119,6 @@ def weight_only_contenders(implementation):
       ),
       "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
   }
-
-
-def _fragments_operand(qw) -> dict:
-  """`qw`'s int4 values packed in WGMMA's register order (`pallas_gemm.fragments`) for
-  64 and 128 weight rows per warpgroup, and its group scales."""
-  q = np.asarray(qw.nk_values().astype(jnp.int8), np.int64)
-  packs = {
-      rows: jnp.asarray(fragments.pack(q, rows, 128, kernel_lib.pipeline.CONSUMERS))
-      for rows in (64, 128)
-  }
-  return dict(packs=packs, scales=qw.scales)
-
-
-def _fragments_matmul(x, operand):
-  """x @ the packed weight through the kernel, with the default config's tiles."""
-  m, k = x.shape
-  n = operand["scales"].shape[1]
-  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
-  config = wo.default_config(problem, _compat.device_sm_count() or 132)
-  rows = round_up(m, 8)
-  problem = dataclasses.replace(problem, m=rows, fragments=True)
-  out = kernel_lib.weight_only_gemm(
-      jnp.pad(x, ((0, rows - m), (0, 0))),
-      operand["packs"][config.rows_per_wg],
-      operand["scales"].astype(x.dtype),
-      None,
-      problem=problem,
-      config=config,
-  )
-  if config.output == "tile":
-    return out[:m, :n]
-  return out.sum(axis=0)[:n, :m].T.astype(x.dtype)
 
 
 def _rel_err(y, ref) -> float:
@@ -200,7 +165,7 @@ def run_weight_only(
     )
     operands.update({name: q4 for name in int4}, int4_nk=wo.block_weights(q4, 0))
     if "int4_frag" in contenders:
-      operands["int4_frag"] = _fragments_operand(q4)
+      operands["int4_frag"] = wo.pack_fragments(q4)
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)

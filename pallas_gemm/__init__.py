@@ -33,6 +33,7 @@ from pallas_gemm.tuning_cache import lookup_config
 from pallas_gemm.weight_only import (
     QuantizedWeight,
     block_weights,
+    pack_fragments,
     dequantize_weights,
     quantize_weights,
     quantized_matmul,
@@ -52,6 +53,7 @@ __all__ = [
     "all_gather_matmul",
     "autotune",
     "block_weights",
+    "pack_fragments",
     "blockwise_fp8_linear",
     "blockwise_fp8_ragged_linear",
     "blockwise_ragged_dot",

@@ -1,16 +1,21 @@
-"""int4 weights pre-packed in WGMMA's register order: the convert without a relayout.
+"""int4 weights packed in WGMMA's register order: the convert without a relayout.
 
 Mosaic's int4 -> bf16 path loads a tile in `WGMMA_UPCAST_4X`, moves it into WGMMA's
 register layout with shuffles, then converts each register pair with prmt + lop3 +
 sub: ~17 instructions per 8 weights, which bound decode (NOTES exp. 91). Packed
 offline in the order a thread's WGMMA A fragment holds its weights, a thread loads
-its own words with 16-byte vector loads and converts each 32-bit word (8 weights)
-into 4 bf16 pairs with 3 shifts, 4 lop3 and 4 subs, with no shuffle.
+its own words with one 16-byte load per 64 x 64 unit and converts each 32-bit word
+(8 weights) into 4 bf16 pairs with 3 shifts, 4 lop3 and 4 subs, with no shuffle.
 
-Word w of a thread holds registers 4w..4w+3 of its fragment (in the order of
-`element_map`): nibble j of the low half is register 4w+j's first element, of the
-high half its second; nibbles are two's complement int4. A warpgroup's words sit as
-(words / 4, 128 threads, 4): each 16-byte load of a warp is contiguous.
+The layout, `pack(q)` of (N, K) int4 values: (K / 64, N / 64, 4, 128) int32, one
+2 KB unit per 64 weight rows x 64 K. In a unit, thread t of a warpgroup owns words
+4t .. 4t + 3 (row t // 32, columns 4 (t % 32) ..: a warp's 16-byte loads are
+contiguous); its word w holds registers 4w .. 4w + 3 of its (64, 64) fragment (the
+order of `element_map`), nibble j of the low half being register 4w + j's first
+element and of the high half its second, as two's complement int4. A (64 r, 64 c)
+fragment is the registers of its units, row units outermost (`convert`), so any
+tile of whole units is read the same way, and a ring step's units along N are
+one contiguous run of memory.
 
 >>> m = element_map(64, 16)
 >>> m.shape, sorted(m.ravel().tolist()) == list(range(64 * 16))
@@ -21,9 +26,17 @@ high half its second; nibbles are two's complement int4. A warpgroup's words sit
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax.numpy as jnp
 import numpy as np
+
+UNIT = 64
+"""Rows and K columns of one packed unit."""
+MAGIC = {"bfloat16": (0x43084308, "bf16x2"), "float16": (0x64086408, "f16x2")}
+"""Per activation dtype: the exponent bits that make a nibble XOR 8 an integer's
+mantissa (bf16 128.0 + 8, f16 1024.0 + 8), and the subtraction's PTX type."""
 
 
 def element_map(rows: int, cols: int) -> np.ndarray:
@@ -33,9 +46,7 @@ def element_map(rows: int, cols: int) -> np.ndarray:
   from jax.experimental.mosaic.gpu import fragmented_array as fa
 
   layout = fa.WGMMA_LAYOUT
-  shape = (rows, cols)
-  contig = (cols, 1)
-  tile_strides = layout.tiling.tile_strides(contig)
+  tile_strides = layout.tiling.tile_strides((cols, 1))
   rank = layout.tiled_tiling_rank
   dyn_strides = tile_strides[-rank:]
   tiled_shape = layout.tiled_tiling_shape
@@ -49,96 +60,74 @@ def element_map(rows: int, cols: int) -> np.ndarray:
         full[d] = (idx // stride) % size
     return full
 
-  registers_shape = layout.registers_shape(shape)
-  vector = layout.vector_length
+  registers_shape = layout.registers_shape((rows, cols))
   vector_stride = dyn_strides[layout.vector_dim]
-  out = np.empty((128, math.prod(registers_shape), vector), np.int64)
+  out = np.empty((128, math.prod(registers_shape), layout.vector_length), np.int64)
   for t in range(128):
     warp = delinearize((t // 32) % 4, layout.warp_dims)
     lane = delinearize(t % 32, layout.lane_dims)
-    base = sum(i * s for i, s in zip(warp, dyn_strides)) + sum(
-        i * s for i, s in zip(lane, dyn_strides)
-    )
+    base = sum(i * s for i, s in zip(warp, dyn_strides))
+    base += sum(i * s for i, s in zip(lane, dyn_strides))
     for r, tile_idx in enumerate(np.ndindex(registers_shape)):
       lin = base + sum(i * s for i, s in zip(tile_idx, tile_strides))
-      out[t, r] = [lin + v * vector_stride for v in range(vector)]
+      out[t, r] = [lin + v * vector_stride for v in range(layout.vector_length)]
   return out
 
 
-def pack(q: np.ndarray, rows: int, cols: int, warpgroups: int) -> np.ndarray:
-  """(N, K) int4 values (ints in [-8, 7]) as int32 words in fragment order:
-  (N / (warpgroups * rows), K / cols, warpgroups * words / 32, 128), one ring step's
-  box (`warpgroups` x `rows` weight rows x `cols` K) per leading pair, contiguous, in
-  rows of 512 bytes (TMA streams 16-byte rows at a fraction of the rate).
-
-  >>> q = np.arange(-8, 8).reshape(1, 16).repeat(64, 0).repeat(8, 1)
-  >>> pack(q, 64, 128, 1).shape
-  (1, 1, 8, 128)
-  """
-  n, k = q.shape
-  tile_n = warpgroups * rows
-  if n % tile_n or k % cols:
-    raise ValueError(f"q {q.shape} must tile by ({tile_n}, {cols})")
-  if rows * cols % (128 * 8 * 4):
-    raise ValueError(f"a ({rows}, {cols}) tile gives threads no whole 16-byte loads")
-  emap = element_map(rows, cols)  # (128, R, 2)
-  words = emap.shape[1] // 4
-  tiles = np.asarray(q, np.int64).reshape(n // rows, rows, k // cols, cols).transpose(0, 2, 1, 3)
-  tiles = tiles.reshape(n // rows, k // cols, rows * cols)
-  vals = tiles[..., emap] & 0xF  # (N / rows, K / cols, 128, R, 2)
-  vals = vals.reshape(*vals.shape[:3], words, 4, 2)
-  shift = 4 * np.arange(4)
-  packed = (vals[..., 0] << shift).sum(-1) | ((vals[..., 1] << shift).sum(-1) << 16)
-  packed = packed.astype(np.uint32).view(np.int32)  # (N / rows, K / cols, 128, words)
-  packed = packed.reshape(*packed.shape[:3], words // 4, 4).transpose(0, 1, 3, 2, 4)
-  packed = packed.reshape(n // tile_n, warpgroups, k // cols, words // 4, 128, 4)
-  return np.ascontiguousarray(
-      packed.transpose(0, 2, 1, 3, 4, 5).reshape(n // tile_n, k // cols, -1, 128)
-  )
+@functools.cache
+def _unit_order() -> np.ndarray:
+  """(4096,): unit element index of each nibble in word order (thread, word, j, half)."""
+  emap = element_map(UNIT, UNIT)  # (128, 16 registers, 2)
+  return emap.reshape(128, 4, 4, 2).reshape(-1)
 
 
-def unpack(packed: np.ndarray, rows: int, cols: int, warpgroups: int) -> np.ndarray:
-  """`pack`'s inverse: (N, K) int values.
+def pack(q):
+  """(N, K) int4 values (any int dtype, in [-8, 7]) -> (K / 64, N / 64, 4, 128) int32.
 
-  >>> q = np.random.default_rng(0).integers(-8, 8, (256, 128))
-  >>> bool((unpack(pack(q, 128, 128, 2), 128, 128, 2) == q).all())
+  >>> q = np.random.default_rng(0).integers(-8, 8, (128, 192))
+  >>> p = pack(q); p.shape, p.dtype
+  ((3, 2, 4, 128), dtype('int32'))
+  >>> bool((np.asarray(unpack(p)) == q).all())
   True
   """
-  n_tiles, k_tiles = packed.shape[:2]
-  emap = element_map(rows, cols)
-  words = emap.shape[1] // 4
-  p = np.asarray(packed).reshape(n_tiles, k_tiles, warpgroups, words // 4, 128, 4)
-  p = p.view(np.uint32)
-  p = p.transpose(0, 2, 1, 4, 3, 5).reshape(n_tiles * warpgroups, k_tiles, 128, words)
-  p = p.astype(np.int64)
-  shift = 4 * np.arange(4)
-  lo = (p[..., None] >> shift) & 0xF
-  hi = (p[..., None] >> (16 + shift)) & 0xF
-  vals = np.stack([lo, hi], -1).reshape(n_tiles * warpgroups, k_tiles, 128, words * 4, 2)
-  vals = np.where(vals >= 8, vals - 16, vals)
-  out = np.empty((n_tiles * warpgroups, k_tiles, rows * cols), np.int64)
-  out[..., emap.reshape(-1)] = vals.reshape(*vals.shape[:2], -1)
-  out = out.reshape(n_tiles * warpgroups, k_tiles, rows, cols).transpose(0, 2, 1, 3)
-  return out.reshape(n_tiles * warpgroups * rows, k_tiles * cols)
+  n, k = q.shape
+  if n % UNIT or k % UNIT:
+    raise ValueError(f"fragments.pack: N and K must be multiples of {UNIT}, got {q.shape}")
+  units = jnp.asarray(q).astype(jnp.int32).reshape(n // UNIT, UNIT, k // UNIT, UNIT)
+  units = units.transpose(2, 0, 1, 3).reshape(k // UNIT, n // UNIT, UNIT * UNIT)
+  nib = (units[..., _unit_order()] & 0xF).astype(jnp.uint32)
+  nib = nib.reshape(k // UNIT, n // UNIT, 512, 4, 2)  # (word, j, half)
+  shifts = jnp.asarray([0, 4, 8, 12], jnp.uint32)
+  words = (nib[..., 0] << shifts).sum(-1) | ((nib[..., 1] << shifts).sum(-1) << 16)
+  return words.astype(jnp.uint32).view(jnp.int32).reshape(k // UNIT, n // UNIT, 4, 128)
 
 
-def convert(stage_ref, rows: int, cols: int):
-  """In a kernel: this warpgroup's (rows, cols) bf16 weights, in WGMMA's register
-  layout, from a ring stage of `pack`'s words ((warpgroups * words / 32, 128) int32 in
-  SMEM: thread t of warpgroup g reads its i-th 4 words at row 4 * (g * words / 4 + i)
-  + t // 32, columns 4 * (t % 32) ...)."""
+def unpack(packed):
+  """`pack`'s inverse: (K / 64, N / 64, 4, 128) int32 -> (N, K) int8 values."""
+  kb, nb = packed.shape[:2]
+  words = jnp.asarray(packed).view(jnp.uint32).reshape(kb, nb, 512, 1, 1)
+  shifts = jnp.asarray([0, 4, 8, 12], jnp.uint32)[:, None] + jnp.asarray([0, 16], jnp.uint32)
+  nib = ((words >> shifts) & 0xF).astype(jnp.int32).reshape(kb, nb, UNIT * UNIT)
+  nib = jnp.where(nib >= 8, nib - 16, nib)
+  units = nib[..., np.argsort(_unit_order())]
+  units = units.reshape(kb, nb, UNIT, UNIT).transpose(1, 2, 0, 3)
+  return units.reshape(nb * UNIT, kb * UNIT).astype(jnp.int8)
+
+
+def convert(stage_ref, rows: int, cols: int, dtype: str = "bfloat16"):
+  """In a kernel: this warpgroup's (rows, cols) weights of `dtype`, in WGMMA's
+  register layout, from a ring stage of `pack`'s units ((cols / 64, warpgroups * rows
+  / 64, 4, 128) int32 in SMEM; warpgroup g's rows are units g * rows / 64 ...)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  import jax.numpy as jnp
 
-  words = rows * cols // (128 * 8)
+  magic, ptx_type = MAGIC[dtype]
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.RefType(),),
-      return_type=plgpu.ShapeDtypeStruct((rows, cols), jnp.bfloat16, layout=plgpu.Layout.WGMMA),
+      return_type=plgpu.ShapeDtypeStruct((rows, cols), jnp.dtype(dtype), layout=plgpu.Layout.WGMMA),
   )
   def body(ctx, ref):
     del ctx
-    from jax.experimental import mosaic as _  # noqa: F401
     import jax.experimental.mosaic.gpu as mgpu
     from jax.experimental.mosaic.gpu import fragmented_array as fa
     from jax.experimental.mosaic.gpu import utils
@@ -147,36 +136,38 @@ def convert(stage_ref, rows: int, cols: int):
 
     i32 = ir.IntegerType.get_signless(32)
     index = ir.IndexType.get()
-    bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
+    element = ir.BF16Type.get() if dtype == "bfloat16" else ir.F16Type.get()
+    pair = ir.VectorType.get((2,), element)
+    const = lambda v, ty=index: utils.c(v, ty)
     tid = utils.thread_idx()
-    lane = arith.index_cast(index, arith.remui(tid, utils.c(128, i32)))
-    first = arith.index_cast(
-        index, arith.muli(arith.divui(tid, utils.c(128, i32)), utils.c(words // 4, i32))
-    )
+    lane = arith.remui(tid, const(128, i32))
+    first_unit = arith.muli(arith.divui(tid, const(128, i32)), const(rows // UNIT, i32))
+    first_unit = arith.index_cast(index, first_unit)
+    row = arith.index_cast(index, arith.divui(lane, const(32, i32)))
+    col = arith.index_cast(index, arith.muli(arith.remui(lane, const(32, i32)), const(4, i32)))
     regs = []
-    row0 = arith.addi(arith.muli(first, utils.c(4, index)), arith.divui(lane, utils.c(32, index)))
-    col = arith.muli(arith.remui(lane, utils.c(32, index)), utils.c(4, index))
-    for i in range(words // 4):
-      row = arith.addi(row0, utils.c(4 * i, index))
-      quad = vector.load(ir.VectorType.get((4,), i32), ref, [row, col])
-      for w in range(4):
-        word = vector.extract(quad, dynamic_position=[], static_position=[w])
-        for j in range(4):
-          src = word if j == 0 else arith.shrui(word, utils.c(4 * j, i32))
-          out = llvm.inline_asm(
-              i32,
-              [src],
-              """
-              {
-              .reg .b32 s, m;
-              lop3.b32 s, $1, 0x000F000F, 0x43084308, 0x6a;
-              mov.b32 m, 0x43084308;
-              sub.bf16x2 $0, s, m;
-              }
-              """,
-              "=r,r",
-          )
-          regs.append(utils.bitcast(out, bf16x2))
+    for nu in range(rows // UNIT):
+      unit = arith.addi(first_unit, const(nu))
+      for ku in range(cols // UNIT):
+        quad = vector.load(ir.VectorType.get((4,), i32), ref, [const(ku), unit, row, col])
+        for w in range(4):
+          word = vector.extract(quad, dynamic_position=[], static_position=[w])
+          for j in range(4):
+            src = word if j == 0 else arith.shrui(word, const(4 * j, i32))
+            out = llvm.inline_asm(
+                i32,
+                [src],
+                f"""
+                {{
+                .reg .b32 s, m;
+                lop3.b32 s, $1, 0x000F000F, {magic:#x}, 0x6a;
+                mov.b32 m, {magic:#x};
+                sub.{ptx_type} $0, s, m;
+                }}
+                """,
+                "=r,r",
+            )
+            regs.append(utils.bitcast(out, pair))
     registers = np.empty(fa.WGMMA_LAYOUT.registers_shape((rows, cols)), dtype=object)
     registers.flat[:] = regs
     return mgpu.FragmentedArray(_registers=registers, _layout=fa.WGMMA_LAYOUT, _is_signed=None)

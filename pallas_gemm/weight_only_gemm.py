@@ -80,8 +80,8 @@ class WeightOnlyProblem:
   and the token tiles come from a table (`tile_table`): each multiplies one expert.
   `k_block` > 0: w is stored in K blocks, (K / k_block, N, k_block) (`QuantizedWeight`'s
   layout), so that a ring step's box of weight rows is one contiguous run of memory.
-  `fragments`: int4 w is packed in WGMMA's register order (`fragments.pack`, for
-  the config's rows_per_wg, tile_k and consumers): no relayout in the convert.
+  `fragments`: int4 w is packed in WGMMA's register order (`fragments.pack`): no
+  relayout in the convert.
   """
 
   m: int
@@ -247,17 +247,12 @@ class WeightOnlyConfig:
     """The rules of weights packed in WGMMA's register order (`fragments.pack`)."""
     rules = {
         "bits": (problem.bits == 4, "int4"),
-        "dtype": (problem.dtype == "bfloat16", "bfloat16 activations"),
         "dequant": (self.dequant == "registers", "dequant='registers'"),
         "mma": (self.mma == "wgmma", "mma='wgmma'"),
         "experts": (not problem.experts, "one weight, not a stack of experts"),
         "k_block": (not problem.k_block, "k_block=0 (the packing is its own layout)"),
-        "n": (problem.n % self.tile_n == 0, f"N a multiple of tile_n={self.tile_n}"),
-        "k": (problem.k % self.tile_k == 0, f"K a multiple of tile_k={self.tile_k}"),
-        "rows_per_wg": (
-            self.rows_per_wg * self.tile_k % 4096 == 0,
-            "rows_per_wg * tile_k a multiple of 4096 (whole 16-byte loads per thread)",
-        ),
+        "n": (problem.n % 64 == 0, "N a multiple of 64 (whole packed units)"),
+        "k": (problem.k % 64 == 0, "K a multiple of 64 (whole packed units)"),
     }
     for field, (ok, rule) in rules.items():
       if not ok:
@@ -366,8 +361,9 @@ def _kernel(
   def weight_view(w, weights, kk):
     """K step kk of the weight rows `weights`; in K blocks, a step past K reads the last
     block (x is zero there: TMA zero-fills its columns past K)."""
-    if p.fragments:
-      return w.at[lax.div(weights.start, tile_n), jnp.minimum(kk, k_steps - 1)]
+    if p.fragments:  # units of 64 x 64; past K (or N) TMA zero-fills
+      units = pl.ds(lax.div(weights.start, fragments.UNIT), tile_n // fragments.UNIT)
+      return w.at[pl.ds(kk * (tk // fragments.UNIT), tk // fragments.UNIT), units]
     if not p.k_block:
       return w.at[weights, pl.ds(kk * tk, tk)]
     per_block = p.k_block // tk
@@ -410,7 +406,7 @@ def _kernel(
       the group scale where the weights carry it (else `promote` scales the product).
       `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
       if p.fragments:
-        w = fragments.convert(w_tile, rows, tk)
+        w = fragments.convert(w_tile, rows, tk, p.dtype)
         rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
       elif wgmma:
         with jax.named_scope("smem_load"):
@@ -533,7 +529,7 @@ def _kernel(
 
   buffers = [
       (
-          (tile_n * tk // 1024, 128) if p.fragments else (tile_n, tk),
+          (tk // 64, tile_n // 64, 4, 128) if p.fragments else (tile_n, tk),
           jnp.int32 if p.fragments else jnp.int4 if p.bits == 4 else jnp.int8,
           () if p.fragments else _transforms(p.bits, tk),
       ),
@@ -587,8 +583,8 @@ def weight_only_gemm(
   output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
-  with `problem.k_block`, or `fragments.pack`'s int32 words with `problem.fragments`,
-  packed for the config's rows_per_wg, tile_k and consumers); scales and zeros (the zero points, subtracted from q):
+  with `problem.k_block`, or `fragments.pack`'s (K / 64, N / 64, 4, 128) int32 units
+  with `problem.fragments`); scales and zeros (the zero points, subtracted from q):
   (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
