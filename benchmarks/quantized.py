@@ -6,8 +6,9 @@
 
 Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weight:
   bf16_dot       jnp.dot(x, w) on the bf16 weight
-  int4_ours      int4, group 128 scales, the default route (the kernel for M <= 2048)
-  int4_nk        the same on weights stored (N, K) rather than in K blocks (`k_block=0`)
+  int4_ours      int4, group 128 scales, `quantize_weights`' default layout (packed in WGMMA's
+                 register order, `pack_fragments`) and route (the kernel, whatever M)
+  int4_nk        the same on weights stored (N, K) (`block_weights(qw, 0)`)
   int4_smem      the same kernel with `dequant="smem"` (weights converted into SMEM)
   int4_warp      the same kernel with warp-level MMA (`mma="warp"`, experimental)
   int4_scalew    decode with the scales on the converted weights (`scale_on="weights"`:
@@ -17,15 +18,14 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int4_tile      decode as int4_scalew with 64 rows per warpgroup, no split-K and the kernel's
                  own (M, N) store: no XLA kernel after it (wide weights fill the SMs without
                  split-K)
-  int4_frag      the default route on int4 weights packed in WGMMA's register order
-                 (`pack_fragments`: no relayout in the kernel's convert)
+  int4_kblock    the same on weights stored in K blocks (`block_weights`), the layout
+                 before `pack_fragments` became quantize_weights' default
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
-  int4_kernel    the kernel whatever M (`implementation="pallas"`): where the default routes
-                 to XLA (M > 2048), whether the kernel would have been faster
+  int4_kernel    the kernel whatever M (`implementation="pallas"`)
   int8_ours      int8, per-channel scales, the default route
 Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
   bf16_ragged    jax.lax.ragged_dot on the bf16 experts
-  int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot (the default)
+  int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot
   int4_kernel    the weight-only kernel over one-expert token tiles (WGMMA)
   int4_warp      the same with warp-level MMA
 W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
@@ -110,7 +110,7 @@ def weight_only_contenders(implementation):
           if gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
           else None
       ),
-      "int4_frag": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+      "int4_kblock": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (
           (lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas"))
@@ -164,8 +164,8 @@ def run_weight_only(
         "int4_kernel",
     )
     operands.update({name: q4 for name in int4}, int4_nk=wo.block_weights(q4, 0))
-    if "int4_frag" in contenders:
-      operands["int4_frag"] = wo.pack_fragments(q4)
+    # XLA's own route reads K blocks (from the packed layout it would gather every nibble)
+    operands.update(int4_kblock=wo.block_weights(q4), int4_xla=wo.block_weights(q4))
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)

@@ -341,8 +341,9 @@ class QuantizedLinear(nnx.Module):
   and multiplied by `pallas_gemm.quantized_matmul`; made once, at load time, from a
   trained layer's kernel (`from_linear`) or a (K, N) array. Not trainable.
 
-  The variables are `values` (int4/int8 in `quantize_weights`' layout: (K / 128, N, 128)
-  where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
+  The variables are `values` (in `quantize_weights`' layout: int4 packed in WGMMA's
+  register order (K / 64, N / 64, 4, 128) int32 where 64 divides N and K, else K
+  blocks (K / 128, N, 128) where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
   `nnx.Variable`s, and `bias` (N,) or None.
 
   >>> import jax.numpy as jnp
@@ -350,7 +351,7 @@ class QuantizedLinear(nnx.Module):
   >>> dense = nnx.Linear(256, 128, rngs=nnx.Rngs(0))
   >>> layer = QuantizedLinear.from_linear(dense, bits=4, group_size=128, implementation="xla")
   >>> layer(jnp.ones((2, 256), jnp.bfloat16)).shape, layer.values.shape
-  ((2, 128), (2, 128, 128))
+  ((2, 128), (4, 2, 4, 128))
   """
 
   def __init__(
@@ -375,6 +376,7 @@ class QuantizedLinear(nnx.Module):
     self.bias = None if bias is None else nnx.Variable(jnp.asarray(bias, jnp.float32))
     self.group_size = qw.group_size
     self.k_block = qw.k_block
+    self.fragments = qw.fragments
     self.dtype = jnp.dtype(dtype)
     self.implementation = implementation
 
@@ -391,6 +393,7 @@ class QuantizedLinear(nnx.Module):
         None if self.zeros is None else self.zeros[...],
         self.group_size,
         self.k_block,
+        self.fragments,
     )
     return weight_only.quantized_matmul(
         jnp.asarray(inputs, self.dtype),

@@ -111,7 +111,7 @@ def test_the_interpreter_runs_packed_weights_in_k_blocks():
     "m,n,k,zeros,dtype",
     [
         (1, 512, 1024, False, jnp.bfloat16),
-        (13, 768, 384, True, jnp.bfloat16),
+        (13, 768, 512, True, jnp.bfloat16),
         (16, 1088, 4096, False, jnp.float16),  # N = 1088: a partial tile of 256 rows
         (64, 4096, 4096, True, jnp.bfloat16),  # the "tile" output, scales on the weights
         (300, 1024, 2048, False, jnp.bfloat16),  # prefill

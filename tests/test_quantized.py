@@ -541,6 +541,7 @@ def test_quantized_linear_matches_its_dense_layer():
         None if layer.zeros is None else layer.zeros[...],
         layer.group_size,
         layer.k_block,
+        layer.fragments,
     )
     w64 = np.asarray(wo.dequantize_weights(qw), np.float64)
     ref = np.maximum(
