@@ -29,7 +29,13 @@ from __future__ import annotations
 import functools
 import math
 
+import jax.experimental.mosaic.gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, llvm, vector
 import numpy as np
 
 UNIT = 64
@@ -43,8 +49,6 @@ def element_map(rows: int, cols: int) -> np.ndarray:
   """(128 threads, registers, 2): the flat index (row * cols + col) of each element a
   warpgroup thread holds of a (rows, cols) 16-bit array in Mosaic's WGMMA layout, in
   the order of its register array (`np.ndindex` of `registers_shape`)."""
-  from jax.experimental.mosaic.gpu import fragmented_array as fa
-
   layout = fa.WGMMA_LAYOUT
   tile_strides = layout.tiling.tile_strides((cols, 1))
   rank = layout.tiled_tiling_rank
@@ -118,8 +122,6 @@ def convert(stage_ref, rows: int, cols: int, dtype: str = "bfloat16"):
   """In a kernel: this warpgroup's (rows, cols) weights of `dtype`, in WGMMA's
   register layout, from a ring stage of `pack`'s units ((cols / 64, warpgroups * rows
   / 64, 4, 128) int32 in SMEM; warpgroup g's rows are units g * rows / 64 ...)."""
-  import jax.experimental.pallas.mosaic_gpu as plgpu
-
   magic, ptx_type = MAGIC[dtype]
 
   @plgpu.inline_mgpu(
@@ -128,18 +130,12 @@ def convert(stage_ref, rows: int, cols: int, dtype: str = "bfloat16"):
   )
   def body(ctx, ref):
     del ctx
-    import jax.experimental.mosaic.gpu as mgpu
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-    from jax.experimental.mosaic.gpu import utils
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, vector
-
     i32 = ir.IntegerType.get_signless(32)
     index = ir.IndexType.get()
     element = ir.BF16Type.get() if dtype == "bfloat16" else ir.F16Type.get()
     pair = ir.VectorType.get((2,), element)
-    const = lambda v, ty=index: utils.c(v, ty)
-    tid = utils.thread_idx()
+    const = lambda v, ty=index: mgpu_utils.c(v, ty)
+    tid = mgpu_utils.thread_idx()
     lane = arith.remui(tid, const(128, i32))
     first_unit = arith.muli(arith.divui(tid, const(128, i32)), const(rows // UNIT, i32))
     first_unit = arith.index_cast(index, first_unit)
@@ -167,7 +163,7 @@ def convert(stage_ref, rows: int, cols: int, dtype: str = "bfloat16"):
                 """,
                 "=r,r",
             )
-            regs.append(utils.bitcast(out, pair))
+            regs.append(mgpu_utils.bitcast(out, pair))
     registers = np.empty(fa.WGMMA_LAYOUT.registers_shape((rows, cols)), dtype=object)
     registers.flat[:] = regs
     return mgpu.FragmentedArray(_registers=registers, _layout=fa.WGMMA_LAYOUT, _is_signed=None)
