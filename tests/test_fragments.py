@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
 import pallas_gemm
 from pallas_gemm import fragments
@@ -101,6 +102,7 @@ def test_fragments_kernel_lowers_for_cuda(m):
   assert "mosaic_gpu" in exported.mlir_module()
 
 
+@needs_transposes
 def test_the_interpreter_runs_packed_weights_in_k_blocks():
   x, qw, ref = _case(5, 128, 256, zeros=True)
   assert _rel(wo.quantized_matmul(x, qw, implementation="interpret"), ref) < 1e-2
