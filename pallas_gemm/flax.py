@@ -341,17 +341,17 @@ class QuantizedLinear(nnx.Module):
   and multiplied by `pallas_gemm.quantized_matmul`; made once, at load time, from a
   trained layer's kernel (`from_linear`) or a (K, N) array. Not trainable.
 
-  The variables are `values` (in `quantize_weights`' layout: int4 packed in WGMMA's
-  register order (K / 64, N / 64, 4, 128) int32 where 64 divides N and K, else K
-  blocks (K / 128, N, 128) where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
+  The variables are `values` (in `quantize_weights`' layout: on a Hopper GPU int4
+  packed in WGMMA's register order (K / 64, N / 64, 4, 128) int32 where 64 divides N
+  and K, else K blocks (K / 128, N, 128) where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
   `nnx.Variable`s, and `bias` (N,) or None.
 
   >>> import jax.numpy as jnp
   >>> from flax import nnx
   >>> dense = nnx.Linear(256, 128, rngs=nnx.Rngs(0))
   >>> layer = QuantizedLinear.from_linear(dense, bits=4, group_size=128, implementation="xla")
-  >>> layer(jnp.ones((2, 256), jnp.bfloat16)).shape, layer.values.shape
-  ((2, 128), (4, 2, 4, 128))
+  >>> layer(jnp.ones((2, 256), jnp.bfloat16)).shape, layer.values.shape[-1]
+  ((2, 128), 128)
   """
 
   def __init__(

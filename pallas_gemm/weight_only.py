@@ -10,8 +10,8 @@ GPTQ/AWQ (G = 128) or per channel (G = K). int4 values are jnp.int4 in [-8, 7],
 which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
-`quantize_weights` packs one int4 weight (N and K multiples of 64) in WGMMA's
-register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel converts it
+On a Hopper GPU `quantize_weights` packs one int4 weight (N and K multiples of 64)
+in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel converts it
 with no relayout, decode 5-15% faster); other weights in K blocks, (K / 128, N,
 128): each block's rows contiguous, so that every TMA box the kernel reads (weight
 rows x 128 K) is one contiguous run of memory (`block_weights` and `pack_fragments`
@@ -183,9 +183,10 @@ def quantize_weights(
   are `dtype`, the activations' dtype, as the kernel multiplies in it; an expert
   stack's arrays carry the leading E. The values' layout (see `QuantizedWeight`):
   `fragments` packs one int4 weight in WGMMA's register order (`pack_fragments`, what
-  the kernel reads fastest); None: where it can (int4, N and K multiples of 64, one
-  weight) unless `k_block` is given. Else `k_block`; None: `K_BLOCK` where it divides
-  K, else 0 ((N, K)).
+  the kernel reads fastest); None: on a Hopper GPU where it can (int4, N and K
+  multiples of 64, one weight) unless `k_block` is given (elsewhere XLA's route would
+  unpack it with a gather). Else `k_block`; None: `K_BLOCK` where it divides K, else 0
+  ((N, K)).
   """
   w = jnp.asarray(w)
   if w.ndim not in (2, 3):
@@ -213,8 +214,9 @@ def quantize_weights(
   qw = QuantizedWeight(
       q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
   )
-  if fragments is None:
-    fragments = k_block is None and bits == 4 and not lead and k % 64 == 0 and n % 64 == 0
+  if fragments is None:  # where the kernel reads it: XLA would unpack it with a gather
+    packable = bits == 4 and not lead and k % 64 == 0 and n % 64 == 0
+    fragments = k_block is None and packable and _compat.on_hopper()
   if fragments:
     return pack_fragments(qw)
   if k_block is None:

@@ -124,3 +124,15 @@ def test_fragments_kernel_matches_float64(m, n, k, zeros, dtype):
   y = wo.quantized_matmul(x, qw, implementation="pallas")
   assert y.shape == (m, n)
   assert _rel(y, ref) < 1e-2
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+def test_quantize_weights_packs_by_default_where_the_kernel_reads_it(monkeypatch, hopper):
+  monkeypatch.setattr(wo._compat, "on_hopper", lambda: hopper)
+  w = jnp.ones((256, 192), jnp.float32)
+  assert wo.quantize_weights(w, bits=4).fragments == hopper  # elsewhere XLA would gather
+  assert not wo.quantize_weights(w, bits=8).fragments
+  assert not wo.quantize_weights(w[:, :100], bits=4).fragments  # N not a multiple of 64
+  assert not wo.quantize_weights(w, bits=4, k_block=128).fragments  # a layout asked for
+  assert not wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4).fragments  # experts
+  assert wo.quantize_weights(w, bits=4, fragments=True).fragments
