@@ -165,7 +165,8 @@ def run_weight_only(
     )
     operands.update({name: q4 for name in int4}, int4_nk=wo.block_weights(q4, 0))
     # XLA's own route reads K blocks (from the packed layout it would gather every nibble)
-    operands.update(int4_kblock=wo.block_weights(q4), int4_xla=wo.block_weights(q4))
+    q4_blocks = wo.block_weights(q4)
+    operands.update(int4_kblock=q4_blocks, int4_xla=q4_blocks)
     weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)

@@ -33,8 +33,8 @@ from pallas_gemm.tuning_cache import lookup_config
 from pallas_gemm.weight_only import (
     QuantizedWeight,
     block_weights,
-    pack_fragments,
     dequantize_weights,
+    pack_fragments,
     quantize_weights,
     quantized_matmul,
 )
@@ -53,7 +53,6 @@ __all__ = [
     "all_gather_matmul",
     "autotune",
     "block_weights",
-    "pack_fragments",
     "blockwise_fp8_linear",
     "blockwise_fp8_ragged_linear",
     "blockwise_ragged_dot",
@@ -72,6 +71,7 @@ __all__ = [
     "matmul_reduce_scatter",
     "mlp",
     "nn_scaled_matmul",
+    "pack_fragments",
     "quantize_blockwise",
     "quantize_per_channel",
     "quantize_per_token",

@@ -343,8 +343,8 @@ class QuantizedLinear(nnx.Module):
 
   The variables are `values` (in `quantize_weights`' layout: on a Hopper GPU int4
   packed in WGMMA's register order (K / 64, N / 64, 4, 128) int32 where 64 divides N
-  and K, else K blocks (K / 128, N, 128) where 128 divides K, else (N, K)), `scales` (and `zeros` when asymmetric) as
-  `nnx.Variable`s, and `bias` (N,) or None.
+  and K, else K blocks (K / 128, N, 128) where 128 divides K, else (N, K)), `scales`
+  (and `zeros` when asymmetric) as `nnx.Variable`s, and `bias` (N,) or None.
 
   >>> import jax.numpy as jnp
   >>> from flax import nnx

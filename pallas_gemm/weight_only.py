@@ -11,17 +11,18 @@ which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
 On a Hopper GPU `quantize_weights` packs one int4 weight (N and K multiples of 64)
-in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel converts it
-with no relayout, decode 5-15% faster); other weights in K blocks, (K / 128, N,
-128): each block's rows contiguous, so that every TMA box the kernel reads (weight
-rows x 128 K) is one contiguous run of memory (`block_weights` and `pack_fragments`
-convert (N, K) weights made elsewhere, once, at load time; the kernel reads every
-layout).
+in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
+converts it with no relayout, decode 5-19% faster); other weights in K blocks,
+(K / 128, N, 128): each block's rows contiguous, so that every TMA box the kernel
+reads (weight rows x 128 K) is one contiguous run of memory (`block_weights` and
+`pack_fragments` convert (N, K) weights made elsewhere, once, at load time; the
+kernel reads every layout).
 
-Up to `KERNEL_MAX_M` tokens (packed weights: any) the Hopper kernel of `weight_only_gemm` reads the
-packed weights and dequantizes them in registers (decode: group scales on each
-step's product, split-K partials finished here; prefill: scales on the weights
-and bias, activation and the store in the kernel); larger M runs XLA's GEMM on
+Up to `KERNEL_MAX_M` tokens (packed weights: any M) the Hopper kernel of
+`weight_only_gemm` reads the packed weights and dequantizes them in registers
+(decode: group scales on each step's product, split-K partials finished here;
+prefill: scales on the weights and bias, activation and the store in the kernel);
+larger M runs XLA's GEMM on
 the weights dequantized by an XLA fusion (`implementation="xla"`, also the
 reference), whose pass is then a small share of the time.
 
@@ -349,8 +350,8 @@ def default_config(
   Decode (M <= DECODE_MAX_M): the narrowest token tile that holds M, the widest K
   step one scale group allows, 128 weight rows per warpgroup, group scales on each
   step's product; where the model picks no split-K, 64 rows per warpgroup, scales on
-  the weights and the kernel's own output store instead. Prefill: 128 to 256 tokens per tile, 64 weight rows per warpgroup,
-  64-wide K steps, scales on the weights. Either way split-K is chosen by a small time
+  the weights and the kernel's own output store instead. Prefill: 128 to 256 tokens
+  per tile, 64 weight rows per warpgroup, 64-wide K steps, scales on the weights. Either way split-K is chosen by a small time
   model (waves x steps per item, plus the f32 partials that XLA sums); without
   split-K, a 16-bit output is finished and stored by the kernel ("tile"). The ring
   is the deepest that fits.

@@ -405,15 +405,15 @@ def _kernel(
       """The convert stage: this warpgroup's weight rows as q - zero in registers, times
       the group scale where the weights carry it (else `promote` scales the product).
       `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
-      if p.fragments:
-        w = fragments.convert(w_tile, rows, tk, p.dtype)
-        rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
-      elif wgmma:
-        with jax.named_scope("smem_load"):
-          w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
-          w = plgpu.layout_cast(w, plgpu.Layout.WGMMA)
-        with jax.named_scope("to_float"):
-          w = w.astype(dtype)
+      if wgmma:
+        if p.fragments:
+          w = fragments.convert(w_tile, rows, tk, p.dtype)
+        else:
+          with jax.named_scope("smem_load"):
+            w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
+            w = plgpu.layout_cast(w, plgpu.Layout.WGMMA)
+          with jax.named_scope("to_float"):
+            w = w.astype(dtype)
         rows_of = lambda ref: _compat.load_registers(ref.at[0, mine], row_layout)
       else:
         w = w_tile.at[mine][...].astype(dtype)
