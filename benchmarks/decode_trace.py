@@ -38,23 +38,27 @@ def _case(m: int, k: int, n: int, name: str, seed: int = 0):
   return x, wo.quantize_weights(w, bits=8 if name.startswith("int8") else 4, group_size=128)
 
 
-def trace_one(fn, x, qw, directory: str) -> tuple[dict, float]:
-  """The summed trace of one call of `fn(x, qw)`, and how far apart (us) its CTAs
-  started; after one warm-up call, whose trace is deleted (the profiler names a
-  kernel's trace file once and never overwrites it)."""
+def trace_one(fn, x, qw, directory: str, cold: bool = False) -> tuple[dict, dict]:
+  """The summed trace of one call of `fn(x, qw)`, and the trace itself; after one
+  warm-up call, whose trace is deleted (the profiler names a kernel's trace file once
+  and never overwrites it). `cold`: the traced call reads a copy of the weight that
+  calls on two other copies have since pushed out of L2 (as in a model's decode step;
+  a warm call may find much of the weight in L2)."""
+  copies = [jax.tree.map(lambda a: jnp.array(a, copy=True), qw) for _ in range(3)] if cold else []
   with kernel_trace.tracing(directory):
     call = jax.jit(fn)
-    jax.block_until_ready(call(x, qw))
-    jax.effects_barrier()
-    for path in kernel_trace.traces(directory):
-      os.remove(path)
-    jax.block_until_ready(call(x, qw))
+    for weight in [qw] + copies[:-1]:
+      jax.block_until_ready(call(x, weight))
+      jax.effects_barrier()
+      for path in kernel_trace.traces(directory):
+        os.remove(path)
+    jax.block_until_ready(call(x, copies[-1] if cold else qw))
     jax.effects_barrier()
   written = kernel_trace.traces(directory)
   if not written:
     raise RuntimeError(f"no trace was written into {directory} (did the kernel run?)")
   trace = kernel_trace.load(written[-1])
-  return kernel_trace.summarize(trace), kernel_trace.start_spread_us(trace)
+  return kernel_trace.summarize(trace), trace
 
 
 def main(argv=None) -> int:
@@ -63,6 +67,9 @@ def main(argv=None) -> int:
   parser.add_argument("--weights", default="4096x14336", help="KxN list")
   parser.add_argument("--contenders", default=",".join(CONTENDERS))
   parser.add_argument("--out", default=None, help="folder for the traces (default: a temp dir)")
+  parser.add_argument(
+      "--cold", action="store_true", help="trace a call whose weight is not in L2 (HBM-bound)"
+  )
   args = parser.parse_args(argv)
   tokens = [int(t) for t in args.tokens.split(",")]
   weights = [tuple(int(d) for d in kn.split("x")) for kn in args.weights.split(",")]
@@ -83,12 +90,15 @@ def main(argv=None) -> int:
         x, qw = _case(m, k, n, name)
         directory = os.path.join(out, f"{name}_{m}x{n}x{k}")
         try:
-          summary, spread = trace_one(contenders[name], x, qw, directory)
+          summary, trace = trace_one(contenders[name], x, qw, directory, cold=args.cold)
         except Exception as e:  # one contender's failure must not hide the others'
           print(f"\n{name} {m}x{n}x{k}: failed: {type(e).__name__}: {str(e)[:300]}")
           continue
+        shortest, longest = kernel_trace.span_range(trace)
         print(
-            f"\n{name} {m}x{n}x{k}: CTAs started within {spread:.2f} us ({directory})\n"
+            f"\n{name} {m}x{n}x{k}: CTAs started within "
+            f"{kernel_trace.start_spread_us(trace):.2f} us, warpgroup spans "
+            f"{shortest:.0f}-{longest:.0f} cycles ({directory})\n"
             f"{kernel_trace.table(summary)}",
             flush=True,
         )

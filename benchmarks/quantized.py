@@ -18,11 +18,21 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int4_tile      decode as int4_scalew with 64 rows per warpgroup, no split-K and the kernel's
                  own (M, N) store: no XLA kernel after it (wide weights fill the SMs without
                  split-K)
+  int4_r128      decode as before NOTES exp. 92: 128 weight rows per warpgroup, scales on
+                 the product, split-K by the time model, f32 partials summed by XLA
+  int4_tilep     decode with 64 rows per warpgroup, no split-K, the kernel's own store, the
+                 group scales on each step's product (fewer multiplies than on the weights)
+  int4_skw       decode by stream-K (experimental) with the scales on the weights, 64 rows
+                 per warpgroup
+  int4_skp       decode by stream-K (experimental) with the scales on the product, 128 rows
+                 per warpgroup
   int4_kblock    the same on weights stored in K blocks (`block_weights`), the layout
                  before `pack_fragments` became quantize_weights' default
   int4_xla       int4 unpacked and dequantized by XLA, then XLA's GEMM (`implementation="xla"`)
   int4_kernel    the kernel whatever M (`implementation="pallas"`)
   int8_ours      int8, per-channel scales, the default route
+  int8_r128      int8 decode as before NOTES exp. 92 (as int4_r128)
+  int8_tilep     int8 decode as int4_tilep: per-channel scales applied as the kernel stores
 Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
   bf16_ragged    jax.lax.ragged_dot on the bf16 experts
   int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot
@@ -94,8 +104,29 @@ def weight_only_contenders(implementation):
 
     return run
 
+  def rows_128(x, qw):
+    """Decode as the default was before exp. 92: 128 weight rows per warpgroup, scales
+    on the product, split-K by the time model, f32 partials summed by XLA."""
+    problem = wo.problem_of(x, qw)
+    sms = _compat.device_sm_count() or 132
+    config = wo.default_config(problem, sms)
+    items = -(-problem.m // config.tile_m) * -(-problem.n // 256)
+    k_steps = -(-problem.k // config.tile_k)
+    step_us = wo.decode_step_us(128, config.tile_k, problem.bits)
+    splits = wo.split_k_by_model(problem, items, k_steps, step_us, config.tile_m, sms)
+    fields = dict(rows_per_wg=128, scale_on="product", output="partials", split_k=splits)
+    config = wo.deepest_ring(dataclasses.replace(config, **fields), problem)
+    return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
+
   gpu_kernel = kernel is None
+  stream_k = gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+  streamed = dict(dequant="registers", output="tile", split_k=1, stream_k=True)
+  tile_kernel = stream_k  # the "tile" output (jax >= 0.11), on the GPU
+  tile_product = dict(
+      dequant="registers", output="tile", split_k=1, rows_per_wg=64, scale_on="product"
+  )
   warp = dict(dequant="registers", mma="warp", scale_on="weights", output="partials")
+  warp.update(stream_k=False)
 
   return {
       "bf16_dot": lambda x, w: jnp.dot(x, w),
@@ -106,10 +137,21 @@ def weight_only_contenders(implementation):
       "int4_scalew": variant(dequant="registers", scale_on="weights") if gpu_kernel else None,
       "int4_4wg": variant(dequant="registers", consumers=4, rows_per_wg=64) if gpu_kernel else None,
       "int4_tile": (
-          variant(dequant="registers", scale_on="weights", output="tile", split_k=1, rows_per_wg=64)
+          variant(
+              dequant="registers",
+              scale_on="weights",
+              output="tile",
+              split_k=1,
+              rows_per_wg=64,
+              stream_k=False,
+          )
           if gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
           else None
       ),
+      "int4_r128": rows_128 if gpu_kernel else None,
+      "int4_tilep": variant(**tile_product) if tile_kernel else None,
+      "int4_skw": variant(**streamed, scale_on="weights", rows_per_wg=64) if stream_k else None,
+      "int4_skp": variant(**streamed, scale_on="product", rows_per_wg=128) if stream_k else None,
       "int4_kblock": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (
@@ -118,6 +160,8 @@ def weight_only_contenders(implementation):
           else None
       ),
       "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+      "int8_r128": rows_128 if gpu_kernel else None,
+      "int8_tilep": variant(**tile_product) if tile_kernel else None,
   }
 
 
@@ -152,7 +196,7 @@ def run_weight_only(
     w = jnp.asarray(rng.standard_normal((k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
-    operands = {"bf16_dot": w, "int8_ours": q8}
+    operands = {"bf16_dot": w, "int8_ours": q8, "int8_r128": q8, "int8_tilep": q8}
     int4 = (
         "int4_ours",
         "int4_smem",
@@ -160,6 +204,10 @@ def run_weight_only(
         "int4_scalew",
         "int4_4wg",
         "int4_tile",
+        "int4_r128",
+        "int4_tilep",
+        "int4_skw",
+        "int4_skp",
         "int4_xla",
         "int4_kernel",
     )
@@ -167,7 +215,10 @@ def run_weight_only(
     # XLA's own route reads K blocks (from the packed layout it would gather every nibble)
     q4_blocks = wo.block_weights(q4)
     operands.update(int4_kblock=q4_blocks, int4_xla=q4_blocks)
-    weight_bytes = {"bf16_dot": 2 * k * n, "int8_ours": k * n}
+    weight_bytes = {
+        "bf16_dot": 2 * k * n,
+        **{name: k * n for name in ("int8_ours", "int8_r128", "int8_tilep")},
+    }
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)
         for name, q in (("int4", q4), ("int8", q8))

@@ -10,10 +10,12 @@ True
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import warnings
 
 import jax
+import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 
 JAX_VERSION: tuple[int, ...] = tuple(
@@ -201,6 +203,31 @@ def load_registers(ref, layout, *, optimized: bool = False):
   if JAX_VERSION >= (0, 11, 0):
     return plgpu.load(ref, layout=layout, optimized=optimized)
   return plgpu.load(ref, (), layout=layout, optimized=optimized)
+
+
+_GPU_SCOPED_SEMAPHORES = (
+    "memory_scope"
+    in inspect.signature(getattr(plgpu, "semaphore_signal", lambda *a: None)).parameters
+)
+
+
+def semaphore_signal_gpu(sem) -> None:
+  """Adds 1 to a GMEM semaphore with a release at GPU scope (`red.release.gpu`): another
+  SM of this GPU sees this warpgroup's stores before the signal. jax < 0.11 releases at
+  system scope (`pl.semaphore_signal`), which is correct and slower."""
+  if _GPU_SCOPED_SEMAPHORES:
+    plgpu.semaphore_signal(sem, 1, memory_scope="gpu")
+  else:
+    pl.semaphore_signal(sem, 1)
+
+
+def semaphore_wait_gpu(sem, value) -> None:
+  """Waits until a GMEM semaphore holds `value` and takes it off (acquire at GPU scope
+  where jax has it; see `semaphore_signal_gpu`)."""
+  if _GPU_SCOPED_SEMAPHORES:
+    plgpu.semaphore_wait(sem, value, memory_scope="gpu")
+  else:
+    pl.semaphore_wait(sem, value)
 
 
 def saved_residuals(f, *args) -> list:

@@ -143,6 +143,24 @@ def start_spread_us(trace: dict) -> float:
   return max(firsts.values()) - min(firsts.values()) if firsts else 0.0
 
 
+def span_range(trace: dict) -> tuple[float, float]:
+  """The shortest and the longest span (cycles, first to last event) of a trace's
+  warpgroups: with work spread evenly (stream-K) the two are close, and the longest
+  is the kernel's critical path.
+
+  >>> e = lambda tid, ts: dict(name="r", ph="B", ts=ts, tid=tid)
+  >>> span_range({"traceEvents": [e(1, 0.0), e(1, 2.0), e(2, 5.0), e(2, 5.5)]})
+  (500.0, 2000.0)
+  """
+  first, last = {}, {}
+  for event in trace["traceEvents"]:
+    tid, ts = event["tid"], event["ts"]
+    first[tid] = min(ts, first.get(tid, ts))
+    last[tid] = max(ts, last.get(tid, ts))
+  spans = [1e3 * (last[t] - first[t]) for t in first]
+  return (min(spans), max(spans)) if spans else (0.0, 0.0)
+
+
 def table(summary: dict) -> str:
   """A markdown table of `summarize`'s result: region, runs, cycles per run, share."""
   lines = [

@@ -205,7 +205,8 @@ class Ring:
   def mma_register_operand(
       self, acc, step0, k_begin, k_end, convert: Callable, smem_operand: Callable
   ) -> None:
-    """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (Python ints), where
+    """Consumer: `acc += a @ b` over K steps [k_begin, k_end) (Python ints, or traced
+    scalars of a range that is not empty: a stream-K unit), where
     `a = convert(k, *stage_views)` is a register operand made from the stage (a
     mixed-type GEMM's dequantized weights) and `b = smem_operand(k, *stage_views)`.
 
@@ -251,12 +252,11 @@ class Ring:
       return ready(k + 2)
 
     count = k_end - k_begin
-    pairs = (count - 1) // 2  # each followed by at least one step to convert
+    pairs = _halve(count - 1)  # each followed by at least one step to convert
     a = lax.fori_loop(0, pairs, pair, ready(k_begin))
     k = k_begin + 2 * pairs
     issue(k, a)
-    if count - 2 * pairs == 2:
-      issue(k + 1, ready(k + 1))
+    _when(count - 2 * pairs == 2, lambda: issue(k + 1, ready(k + 1)))
     plgpu.wgmma_wait(0)
     plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + count - 1)])
 
@@ -286,7 +286,8 @@ class Ring:
     `operands` as in `mma`; `scale(k, *stage_views)` returns the multiplier of step k's
     (`shape`) product, read before the stage is released. `depth` 2 issues the WGMMAs
     of two steps before scaling the first, so that the second runs on the tensor cores
-    while the first is scaled; 1 is serial. Bounds are Python ints. Returns the f32 sum.
+    while the first is scaled; 1 is serial. Bounds are Python ints or traced scalars.
+    Returns the f32 sum.
     """
 
     def issue(k, acc):
@@ -320,11 +321,11 @@ class Ring:
 
     total = jnp.zeros(shape, jnp.float32)
     count = k_end - k_begin
-    pairs = count // depth if depth == 2 else 0
-    if pairs:
+    pairs = _halve(count) if depth == 2 else 0
+    if not isinstance(pairs, int) or pairs:
       total = lax.fori_loop(0, pairs, lambda i, t: steps(k_begin + depth * i, t, depth), total)
     rest_begin = k_begin + depth * pairs
-    if rest_begin < k_end:
+    if not isinstance(rest_begin, int) or not isinstance(k_end, int) or rest_begin < k_end:
       total = lax.fori_loop(rest_begin, k_end, lambda k, t: steps(k, t, 1), total)
     return total
 
@@ -337,6 +338,20 @@ class Ring:
       slot = self.slot(step0 + k)
       self.wait_loaded(slot)
       plgpu.barrier_arrive(self.consumed.at[slot])
+
+
+def _halve(count):
+  """count // 2 of a non-negative Python int or traced scalar."""
+  return count // 2 if isinstance(count, int) else lax.div(count, 2)
+
+
+def _when(condition, body: Callable) -> None:
+  """body() where `condition` (a Python bool, or a traced one) holds."""
+  if isinstance(condition, bool):
+    if condition:
+      body()
+  else:
+    pl.when(condition)(body)
 
 
 def persistent_loop(

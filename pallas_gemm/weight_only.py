@@ -309,20 +309,24 @@ def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
   return QuantizedWeight(values, scales, zeros, inferred, k_block)
 
 
-STEP_US = 0.55
-"""Measured time of one ring step of 128 x 128 int4 weights per CTA (H100, M <= 16,
-NOTES exp. 67): the kernel is bound by its consumers' convert-and-multiply latency."""
+DECODE_STEP_US = {(64, 4): 0.44, (128, 4): 0.89, (64, 8): 0.81, (128, 8): 1.52}
+"""Measured time (us) of one 128-wide K step of the decode kernel per CTA, by (weight rows
+per warpgroup, bits), HBM-bound (H100, weights packed in WGMMA's order or in K blocks,
+NOTES exp. 92): a step of twice the rows costs about twice as much at int4, 1.9x at int8."""
 PARTIAL_BYTES_PER_US = 3.0e6
 """HBM rate at which XLA's fusion writes and reads the f32 split-K partials."""
+PARTIAL_KERNEL_US = 1.5
+"""The XLA kernel that sums split-K partials costs this much besides its bytes (H100,
+NOTES exp. 92: 1.5-2.0 us at 16 tokens of 14336 or 4096 columns)."""
 
 
 def decode_step_us(rows_per_wg: int, tile_k: int, bits: int) -> float:
-  """`STEP_US` scaled to a step's weight bytes (two warpgroups of `rows_per_wg` rows).
+  """`DECODE_STEP_US` scaled to a step of `tile_k`.
 
   >>> decode_step_us(128, 128, 4), decode_step_us(64, 64, 8)
-  (1.1, 0.55)
+  (0.89, 0.405)
   """
-  return STEP_US * (rows_per_wg / 64) * (tile_k / 128) * bits / 4
+  return DECODE_STEP_US[rows_per_wg, bits] * tile_k / 128
 
 
 DECODE_MAX_M = 64
@@ -348,17 +352,18 @@ def default_config(
   """Tiles for the weight-only kernel.
 
   Decode (M <= DECODE_MAX_M): the narrowest token tile that holds M, the widest K
-  step one scale group allows, 128 weight rows per warpgroup, group scales on each
-  step's product; where the model picks no split-K, 64 rows per warpgroup, scales on
-  the weights and the kernel's own output store instead. Prefill: 128 to 256 tokens
-  per tile, 64 weight rows per warpgroup, 64-wide K steps, scales on the weights. Either way split-K is chosen by a small time
-  model (waves x steps per item, plus the f32 partials that XLA sums); without
-  split-K, a 16-bit output is finished and stored by the kernel ("tile"). The ring
-  is the deepest that fits.
+  step one scale group allows, group scales on each step's product, and the pair of
+  weight rows per warpgroup (64, or 128 to 32 tokens) and split-K of least modelled
+  time (waves x steps per item x the step's time, plus the f32 partials that XLA
+  sums); without split-K the kernel scales the weights and stores the finished
+  16-bit output itself ("tile"). Prefill: 128 to 256 tokens per tile, 64 weight rows
+  per warpgroup, 64-wide K steps, scales on the weights, split-K by the same model,
+  and the kernel's own store without it. The ring is the deepest that fits.
+  (`stream_k` is not picked: measured slower, NOTES exp. 92.)
 
   >>> p = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
   >>> c = default_config(p, 132); (c.tile_m, c.tile_k, c.rows_per_wg, c.split_k)
-  (16, 128, 128, 8)
+  (16, 128, 64, 4)
   >>> c = default_config(dataclasses.replace(p, m=2048, n=14336, k=4096), 132)
   >>> (c.tile_m, c.tile_k, c.scale_on, c.split_k)
   (256, 64, 'weights', 1)
@@ -374,19 +379,26 @@ def default_config(
       and tile_m * t <= 256 * 128
       and (t <= 128 or problem.bits == 4)
   )
-  rows = 128 if tile_m <= 32 and tile_k <= 128 else 64
-  items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
-  step_us = decode_step_us(rows, tile_k, problem.bits)
-  split_k = split_k_by_model(problem, items, tiles(problem.k, tile_k), step_us, tile_m, num_sms)
+  best = None
+  for rows in (64, 128) if tile_m <= 32 and tile_k <= 128 else (64,):
+    items = tiles(problem.m, tile_m) * tiles(problem.n, kernel_lib.pipeline.CONSUMERS * rows)
+    step_us = decode_step_us(rows, tile_k, problem.bits)
+    k_steps = tiles(problem.k, tile_k)
+    split_k = split_k_by_model(problem, items, k_steps, step_us, tile_m, num_sms)
+    cost = _cost(problem, items, k_steps, step_us, tile_m, num_sms, split_k)
+    if best is None or cost < best[0]:
+      best = cost, rows, split_k
+  _, rows, split_k = best
   if split_k == 1 and _tile_output(problem):
     # Whole sums per CTA: the kernel finishes and stores them, and no f32 partials make
-    # the round trip through XLA (64 tokens, 14336x4096: 22.6 against 27.4 us, H100).
+    # the round trip through XLA (16 tokens, 14336 x 4096: 16.0 us against 18.3 with
+    # 128 rows per warpgroup and split-K 2, H100, NOTES exp. 92).
     config = kernel_lib.WeightOnlyConfig(
         tile_m=tile_m,
         tile_k=tile_k,
         stages=2,
         dequant=dequant,
-        rows_per_wg=64,
+        rows_per_wg=rows,
         scale_on="weights",
         output="tile",
     )
@@ -435,10 +447,11 @@ def _prefill_config(problem, num_sms, dequant):
 
 
 def _cost(problem, items, k_steps, step_us, tile_m, num_sms, splits):
-  """Modelled us: waves x steps per item x step time, plus the f32 partials' round trip."""
+  """Modelled us: waves x steps per item x step time, plus the f32 partials' round trip
+  through XLA's summing kernel."""
   partial_us = problem.n * tiles(problem.m, tile_m) * tile_m * 8 / PARTIAL_BYTES_PER_US
   cost = tiles(items * splits, num_sms) * tiles(k_steps, splits) * step_us
-  return cost + (splits > 1) * splits * partial_us
+  return cost + (splits > 1) * (PARTIAL_KERNEL_US + splits * partial_us)
 
 
 def split_k_by_model(problem, items, k_steps, step_us, tile_m, num_sms) -> int:
@@ -464,7 +477,7 @@ def interpret_config(config, problem):
   past K), in no more stages than `config` had."""
   k_steps = tiles(problem.k, config.tile_k)
   split_k = max(s for s in range(1, config.split_k + 1) if k_steps % s == 0)
-  fields = dict(dequant="smem", mma="wgmma", split_k=split_k)
+  fields = dict(dequant="smem", mma="wgmma", split_k=split_k, stream_k=False)
   config = rows_that_fit(dataclasses.replace(config, **fields), problem)
   return deepest_ring(config, problem, most=config.stages)
 
@@ -612,6 +625,11 @@ def pad_rows(values, rows: int):
   return jnp.pad(values, widths)
 
 
+def _rows(n: int, config) -> int:
+  """N rounded up to whole weight tiles: the rows of a vector the kernel reads per tile."""
+  return round_up(n, config.tile_n)
+
+
 def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: bool):
   """act(x @ dequantize(qw) + bias) (M, N) through the kernel. With the "partials"
   output, per-group scales are applied in it, and per-channel scales (and zero points),
@@ -635,7 +653,9 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   if interpret:  # the interpreter drops partially out-of-bounds stores: whole tiles
     values = pad_rows(values, round_up(n, config.tile_n))
   group_scales = group_zeros = None
-  if not problem.per_channel or on_weights:
+  if tile_output and problem.per_channel and not on_weights:  # scaled as the kernel stores
+    group_scales = jnp.pad(qw.scales.astype(jnp.float32), ((0, 0), (0, _rows(n, config) - n)))
+  elif not problem.per_channel or on_weights:
     group_scales = qw.scales.astype(x.dtype)
     if qw.zeros is not None:  # the kernel subtracts them from q, then scales
       group_zeros = qw.zeros.astype(x.dtype)
@@ -646,7 +666,7 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   kernel_bias = None
   if tile_output and bias is not None:  # read by whole warpgroup rows: padded to tile_n
     kernel_bias = jnp.asarray(bias, jnp.float32)
-    kernel_bias = jnp.pad(kernel_bias, (0, round_up(n, config.tile_n) - n))
+    kernel_bias = jnp.pad(kernel_bias, (0, _rows(n, config) - n))
   out = kernel_lib.weight_only_gemm(
       x_in,
       values,

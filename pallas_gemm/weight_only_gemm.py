@@ -51,6 +51,7 @@ from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fragments
 from pallas_gemm import kernel_trace
 from pallas_gemm import pipeline
+from pallas_gemm import stream_k as stream_k_lib
 from pallas_gemm.config import DEFAULT_NUM_SMS, tiles
 from pallas_gemm.smem import LIMIT_BYTES as SMEM_BYTES
 from pallas_gemm.tma_padding import round_up
@@ -126,8 +127,13 @@ class WeightOnlyConfig:
     accumulator runs through K, and with register operands the next step converts
     while this one's WGMMA runs, `Ring.mma_register_operand`).
   output: "partials" (f32 (split_k, N, M) that the caller sums, scales and
-    finishes) or "tile" (with scale_on="weights" and split_k 1: the kernel applies
-    bias and activation and stores the (M, N) output transposed, in the output dtype).
+    finishes) or "tile" (split_k 1: the kernel applies per-channel scales, bias and
+    activation and stores the (M, N) output transposed, in the output dtype).
+  stream_k: with the "tile" output, every SM runs an equal run of the K steps of all
+    the tiles (`pallas_gemm.stream_k`): a tile cut between SMs is summed by the SM that
+    ran its first step, from the others' f32 partials in a GMEM workspace (GMEM
+    semaphores: not in GPU interpret mode). Decode's few wide tiles then fill every SM
+    and no second kernel sums split-K partials.
   mma: "wgmma" or "warp" (experimental, for decode: warp-level m16n8k16 MMA on the
     converted weights, `Ring.mma_warp`, which has no per-instruction cost of a
     64-row WGMMA at few tokens; register operands, scales on the weights, "partials").
@@ -147,6 +153,7 @@ class WeightOnlyConfig:
   scale_on: str = "product"
   output: str = "partials"
   mma: str = "wgmma"
+  stream_k: bool = False
 
   @property
   def partial_cols(self) -> int:
@@ -206,9 +213,17 @@ class WeightOnlyConfig:
       raise ValueError(
           f"WeightOnlyConfig.mma='warp' needs plgpu.mma, which jax {jax.__version__} lacks"
       )
-    if self.output == "tile" and self.scale_on != "weights":
+    if self.output == "tile" and self.scale_on != "weights" and problem.zeros and (
+        problem.per_channel
+    ):
       raise ValueError(
-          "WeightOnlyConfig.output='tile' needs scale_on='weights' (whole sums in one accumulator)"
+          "WeightOnlyConfig.output='tile' with per-channel zero points needs "
+          "scale_on='weights' (the product cannot take them off)"
+      )
+    if self.stream_k and (self.output != "tile" or self.mma != "wgmma"):
+      raise ValueError(
+          "WeightOnlyConfig.stream_k=True needs output='tile' and mma='wgmma' (the kernel "
+          f"sums the cut tiles itself), got output={self.output!r}, mma={self.mma!r}"
       )
     if problem.experts and self.output != "partials":
       raise ValueError(
@@ -315,7 +330,17 @@ class _Work(NamedTuple):
 
 
 def _kernel(
-    x_gmem, w_gmem, scale_gmem, zero_gmem, bias_gmem, table_gmem, out_gmem, *, p, cfg, workers
+    x_gmem,
+    w_gmem,
+    scale_gmem,
+    zero_gmem,
+    bias_gmem,
+    table_gmem,
+    out_gmem,
+    *partials_gmem,
+    p,
+    cfg,
+    workers,
 ):
   tm, tk, rows, tile_n = cfg.tile_m, cfg.tile_k, cfg.rows_per_wg, cfg.tile_n
   m_tiles = table_gmem.shape[1] if p.experts else tiles(p.m, tm)
@@ -334,6 +359,30 @@ def _kernel(
   partial_cols = cfg.partial_cols
   # Every item of a dense problem runs the same steps; an expert's empty tile runs none.
   steps_of = {} if p.experts else dict(steps_of=steps_per_split, workers=workers)
+  sk = stream_k_lib.Schedule.plan(items, workers, k_steps) if cfg.stream_k else None
+  if sk is not None:
+    # One f32 (rows, tokens) workspace slot per SM and consumer warpgroup (an SM
+    # contributes to at most one tile, `stream_k`), and one semaphore per SM and
+    # warpgroup that a tile's contributors signal for its finisher. Pallas zeroes the
+    # semaphores before every launch (an XLA memset), and every signal is waited for.
+    (partials_gmem,) = partials_gmem
+    semaphores = pl.get_global(plgpu.SemaphoreType.REGULAR((workers * cfg.consumers,)))
+
+  def for_each_unit(visit: Callable):
+    """visit(step0, work, k_begin, k_end) for each unit of this CTA's work: K steps
+    [k_begin, k_end) of its split of one item (static with split-K, traced with
+    stream-K), from ring step step0. Returns the ring steps used."""
+    if sk is not None:
+      return sk.for_each_unit(
+          lambda step0, tile, kb, ke: visit(step0, position(tile), kb, ke), lax.axis_index("sm")
+      )
+
+    def item(index, _, step0):
+      work = position(index)
+      body = lambda: visit(step0, work, 0, steps_per_split)
+      return for_active(work, body, steps_per_split)
+
+    return pipeline.persistent_loop(items, item, **steps_of)
 
   def position(item) -> _Work:
     """The work item's (split, token tile, weight tile): weight tiles vary fastest, so
@@ -376,29 +425,25 @@ def _kernel(
     mine = pl.ds(wg * rows, rows)
 
     def producer():
-      def load(item, _, step0):
-        work = position(item)
+      def load(step0, work, k_begin, k_end):
         weights = pl.ds(work.ni * tile_n, tile_n)
 
-        def fill():
-          @pl.loop(0, steps_per_split)
-          def _(k):
-            kk = work.split * steps_per_split + k  # past K: TMA zero-fills (the last split)
-            cols = pl.ds(kk * tk, tk)
-            views = [
-                weight_view(expert_of(w_gmem, work), weights, kk),
-                x_gmem.at[pl.ds(work.row0, tm), cols],
-            ]
-            if scaled:
-              group = pl.ds(lax.div(kk * tk, p.group_size), 1)
-              views.append(expert_of(scale_gmem, work).at[group, weights])
-              if p.zeros:
-                views.append(expert_of(zero_gmem, work).at[group, weights])
-            ring.fill(step0 + k, views)
+        @pl.loop(k_begin, k_end)
+        def _(k):
+          kk = work.split * steps_per_split + k  # past K: TMA zero-fills (the last split)
+          cols = pl.ds(kk * tk, tk)
+          views = [
+              weight_view(expert_of(w_gmem, work), weights, kk),
+              x_gmem.at[pl.ds(work.row0, tm), cols],
+          ]
+          if scaled:
+            group = pl.ds(lax.div(kk * tk, p.group_size), 1)
+            views.append(expert_of(scale_gmem, work).at[group, weights])
+            if p.zeros:
+              views.append(expert_of(zero_gmem, work).at[group, weights])
+          ring.fill(step0 + k - k_begin, views)
 
-        return for_active(work, fill, steps_per_split)
-
-      ring.drain(pipeline.persistent_loop(items, load, **steps_of))
+      ring.drain(for_each_unit(load))
 
     @jax.named_scope("convert")
     def convert(w_tile, group_tiles, *, wgmma: bool = True):
@@ -456,9 +501,13 @@ def _kernel(
 
     @jax.named_scope("store")
     def store_tile(result, row0, ni):
-      """bias and activation on this warpgroup's (rows, tokens) sums, stored transposed
+      """per-channel scales (unless on the weights), bias and activation on this
+      warpgroup's (rows, tokens) sums, stored transposed
       as the (tokens, rows) block of the (M, N) output (TMA clips the edges)."""
       columns = pl.ds(ni * tile_n + wg * rows, rows)
+      if p.per_channel and not on_weights:  # the per-channel scale of each weight row
+        scale = _compat.load_registers(scale_gmem.at[0, columns], row_layout)
+        result = result * lax.broadcast_in_dim(scale.astype(jnp.float32), result.shape, (0,))
       if p.bias:
         bias = _compat.load_registers(bias_gmem.at[columns], row_layout)
         result = result + lax.broadcast_in_dim(bias, result.shape, (0,))
@@ -477,52 +526,95 @@ def _kernel(
       """(weights, tokens) of one step as register arrays for warp-level MMA."""
       return convert(w_tile, group_tiles, wgmma=False), tokens(k, w_tile, x_tile)[...]
 
-    def consumer():
-      def compute(item, _, step0):
-        work = position(item)
-        split, ni = work.split, work.ni
-
-        def run():
-          if cfg.mma == "warp":
-            start = jnp.zeros((rows, tm), jnp.float32)
-            total = ring.mma_warp(start, step0, 0, steps_per_split, warp_operands)
-            store_partials(total, split, work.col0, ni)
-            return
-          if not on_weights and w_smem is None and grouped:  # scales on each step's product
-            total = ring.mma_promoted(
+    def accumulate(step0, k_begin, k_end, finish: Callable):
+      """finish(f32 (rows, tokens) sums of K steps [k_begin, k_end) from ring step step0)."""
+      if cfg.mma == "warp":
+        start = jnp.zeros((rows, tm), jnp.float32)
+        finish(ring.mma_warp(start, step0, k_begin, k_end, warp_operands))
+        return
+      if not on_weights and w_smem is None and grouped:  # scales on each step's product
+        finish(
+            ring.mma_promoted(
                 (rows, tm),
                 step0,
-                0,
-                steps_per_split,
+                k_begin,
+                k_end,
                 operands,
                 promote,
                 depth=cfg.promotion_depth,
             )
-            store_partials(total, split, work.col0, ni)
-            return
+        )
+        return
 
-          @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
-          def _(acc):
-            if on_weights and w_smem is None:  # the next step converts during this WGMMA
-              ring.mma_register_operand(
-                  acc,
-                  step0,
-                  0,
-                  steps_per_split,
-                  lambda k, w_tile, x_tile, *group_tiles: convert(w_tile, group_tiles),
-                  tokens,
-              )
-            else:
-              # A register operand must stay untouched until its WGMMA is done: no overlap.
-              ring.mma(acc, step0, 0, steps_per_split, operands, overlap=w_smem is not None)
-            if tile_output:
-              store_tile(acc[...], work.row0, ni)
-            else:
-              store_partials(acc[...], split, work.col0, ni)
+      @functools.partial(pl.run_scoped, acc=plgpu.ACC((rows, tm), jnp.float32))
+      def _(acc):
+        if on_weights and w_smem is None:  # the next step converts during this WGMMA
+          ring.mma_register_operand(
+              acc,
+              step0,
+              k_begin,
+              k_end,
+              lambda k, w_tile, x_tile, *group_tiles: convert(w_tile, group_tiles),
+              tokens,
+          )
+        else:
+          # A register operand must stay untouched until its WGMMA is done: no overlap.
+          ring.mma(acc, step0, k_begin, k_end, operands, overlap=w_smem is not None)
+        finish(acc[...])
 
-        return for_active(work, run, steps_per_split)
+    def partial_slot(worker):
+      """The stream-K workspace slot (and semaphore) of `worker`'s warpgroup."""
+      return worker * cfg.consumers + wg
 
-      pipeline.persistent_loop(items, compute, **steps_of)
+    def tile_of(work: _Work):
+      return work.ni + n_tiles * lax.div(work.col0, tm)
+
+    @jax.named_scope("contribute")
+    def contribute(result, work: _Work):
+      """Stream-K: this warpgroup's f32 sums of a tile's end part into its workspace
+      slot, then one signal on the semaphore of the tile's finisher (GPU scope: a
+      warpgroup barrier, then one lane's release covers the warpgroup's stores)."""
+      partials_gmem.at[partial_slot(lax.axis_index("sm"))][...] = result
+      finisher = sk.owner(tile_of(work) * k_steps)
+      _compat.semaphore_signal_gpu(semaphores.at[partial_slot(finisher)])
+
+    def finish_cut(result, work: _Work):
+      """Stream-K: the tile's first steps' sums plus its contributors' partials (the
+      SMs after this one whose ranges cover the rest of the tile), finished and stored.
+      One wait for all their signals, then all their loads in flight at once."""
+      sm = lax.axis_index("sm")
+      contributors = sk.owner(tile_of(work) * k_steps + k_steps - 1) - sm
+      with jax.named_scope("fixup_wait"):
+        pl.when(contributors > 0)(
+            lambda: _compat.semaphore_wait_gpu(semaphores.at[partial_slot(sm)], contributors)
+        )
+      with jax.named_scope("fixup_load"):
+        parts = [
+            _compat.load_registers(
+                partials_gmem.at[partial_slot(jnp.minimum(sm + 1 + c, workers - 1))],
+                plgpu.Layout.WGMMA,
+            )
+            for c in range(sk.max_contributors)
+        ]
+        for c, part in enumerate(parts):
+          valid = lax.broadcast_in_dim(c < contributors, result.shape, ())
+          result = result + jnp.where(valid, part, jnp.zeros_like(part))
+      store_tile(result, work.row0, work.ni)
+
+    def consumer():
+      def compute(step0, work, k_begin, k_end):
+        def finish(result):
+          if sk is not None and not isinstance(k_begin, int):  # a tile cut between SMs
+            pl.when(k_begin > 0)(lambda: contribute(result, work))
+            pl.when(k_begin == 0)(lambda: finish_cut(result, work))
+          elif tile_output:
+            store_tile(result, work.row0, work.ni)
+          else:
+            store_partials(result, work.split, work.col0, work.ni)
+
+        accumulate(step0, k_begin, k_end, finish)
+
+      for_each_unit(compute)
       plgpu.wait_smem_to_gmem(0)
 
     pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
@@ -600,7 +692,13 @@ def weight_only_gemm(
   else:
     token_tiles = tiles(problem.m, config.tile_m)
   items = config.split_k * token_tiles * tiles(problem.n, config.tile_n)
-  workers = min(workers, items)
+  if not config.stream_k:  # stream-K spreads the K steps over every SM
+    workers = min(workers, items)
+  elif interpret is not None:
+    raise ValueError(
+        "WeightOnlyConfig.stream_k=True: GPU interpret mode cannot run the GMEM semaphores "
+        "of the stream-K sums; use stream_k=False"
+    )
   kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
   if config.output == "tile":  # whole TMA tiles of the transposed store: (8, 64) elements
     out_shape = (round_up(problem.m, 8), round_up(problem.n, 64))
@@ -608,6 +706,9 @@ def weight_only_gemm(
   else:
     out_shape = (config.split_k, problem.n, token_tiles * config.tile_m)
     out_type = jax.ShapeDtypeStruct(out_shape, jnp.float32)
+  if config.stream_k:  # the contributors' f32 partial sums, one slot per SM and warpgroup
+    rows = (workers * config.consumers, config.rows_per_wg, config.tile_m)
+    out_type = (out_type, jax.ShapeDtypeStruct(rows, jnp.float32))
   launch = pipeline.launch(
       kernel,
       out_type=out_type,
@@ -618,7 +719,8 @@ def weight_only_gemm(
   # The kernel never reads an absent operand: x stands in for it (a constant would cost
   # an XLA broadcast kernel, ~1 us, per call).
   stand_in = lambda operand: x if operand is None else operand
-  return launch(x, w, stand_in(scales), stand_in(zeros), stand_in(bias), stand_in(table))
+  out = launch(x, w, stand_in(scales), stand_in(zeros), stand_in(bias), stand_in(table))
+  return out[0] if config.stream_k else out
 
 
 def tile_table(group_sizes, m: int, tile_m: int, token_tiles: int):

@@ -47,6 +47,11 @@ def _weight_only_case(seed, m, n, k, bits, group_size, symmetric, lead=()):
   return x, qw, bias, ref / (1 + np.exp(-ref))  # silu
 
 
+def _split_k_default(problem):
+  """The decode default where the kernel does not store the output (f32): split-K."""
+  return wo.default_config(dataclasses.replace(problem, out_dtype="float32"), 132)
+
+
 # -- lowering for CUDA (export) ----------------------------------------------------------
 @pytest.mark.parametrize(
     "bits,group_size,zeros,dequant",
@@ -119,7 +124,7 @@ def test_warp_mma_decode_lowers_for_cuda(m, n, k, group_size, zeros, rows):
     pytest.skip(f"jax {jax.__version__} has no plgpu.mma")
   problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=group_size, zeros=zeros)
   config = dataclasses.replace(
-      wo.default_config(problem, 132), mma="warp", scale_on="weights", rows_per_wg=rows
+      _split_k_default(problem), mma="warp", scale_on="weights", rows_per_wg=rows
   )
   config = wo.deepest_ring(config, problem)
   groups = k // group_size
@@ -181,6 +186,22 @@ def test_prefill_config_interpret_matches_float64(fields):
   problem = kernel_lib.WeightOnlyProblem(m=70, n=136, k=256, bits=4, group_size=128, zeros=True)
   config = dataclasses.replace(wo.default_config(problem, 2), stages=2, **fields)
   assert config.scale_on == "weights"
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="interpret"
+  )
+  assert y.dtype == jnp.bfloat16
+  assert _rel_err(y, ref) < BOUND
+
+
+@needs_transposes
+@pytest.mark.parametrize("bits,group_size", [(8, -1), (4, 128)])
+def test_tile_output_with_scales_on_the_product_interpret_matches_float64(bits, group_size):
+  if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    pytest.skip(f"jax {jax.__version__}: no transposed SMEM store (the 'tile' output)")
+  x, qw, bias, ref = _weight_only_case(13, 5, 136, 256, bits, group_size, True)
+  config = kernel_lib.WeightOnlyConfig(
+      tile_m=16, tile_k=128, stages=2, rows_per_wg=64, output="tile", scale_on="product"
+  )
   y = wo.quantized_matmul(
       x, qw, bias=bias, activation="silu", config=config, implementation="interpret"
   )
@@ -304,34 +325,86 @@ def test_int8_quantizers_are_symmetric_and_round_trip():
   assert not zq.any() and (zs == 1).all()
 
 
-def test_default_config_fits_and_splits_k_only_where_it_shortens_the_critical_path():
+def test_decode_default_fits_and_splits_k_only_where_it_shortens_the_critical_path():
   for m, n, k in [(1, 4096, 14336), (16, 14336, 4096), (64, 28672, 8192), (100, 384, 1024)]:
     problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
-    config = wo.default_config(problem, 132)
-    config.validate(problem)
-    tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
-    k_steps = k // config.tile_k
-    critical = -(-tiles * config.split_k // 132) * -(-k_steps // config.split_k)
-    assert critical <= -(-tiles // 132) * k_steps  # split-K never lengthens it
-    assert config.stages >= 4  # a ring deep enough to cover HBM latency
+    for config in (wo.default_config(problem, 132), _split_k_default(problem)):
+      config.validate(problem)
+      tiles = -(-m // config.tile_m) * -(-n // config.tile_n)
+      k_steps = k // config.tile_k
+      critical = -(-tiles * config.split_k // 132) * -(-k_steps // config.split_k)
+      assert critical <= -(-tiles // 132) * k_steps  # split-K never lengthens it
+      assert config.stages >= 4  # a ring deep enough to cover HBM latency
   problem = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=14336, bits=4, group_size=128)
-  assert wo.default_config(problem, 132).split_k == 8  # 16 tiles of 256 rows: 128 items
+  config = wo.default_config(problem, 132)  # 32 tiles of 128 rows: 128 items
+  assert (config.rows_per_wg, config.split_k, config.output) == (64, 4, "partials")
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 14336, 4096), (1, 128256, 4096), (16, 14336, 4096)])
-def test_decode_default_stores_whole_sums_where_it_does_not_split_k(m, n, k):
-  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=4, group_size=128)
+@pytest.mark.parametrize(
+    "m,n,k,group_size",
+    [(64, 14336, 4096, 128), (1, 128256, 4096, 128), (16, 14336, 4096, 128), (5, 14336, 4096, -1)],
+)
+def test_decode_default_stores_whole_sums_where_it_does_not_split_k(m, n, k, group_size):
+  problem = kernel_lib.WeightOnlyProblem(
+      m=m, n=n, k=k, bits=4, group_size=k if group_size == -1 else group_size
+  )
   config = wo.default_config(problem, 132)
   config.validate(problem)
-  if config.split_k > 1:  # 16 tokens of 14336 rows: 56 tiles of 256 rows, split in 2
-    assert (config.output, config.scale_on) == ("partials", "product")
-    return
+  assert config.split_k == 1 and not config.stream_k  # the tiles fill the SMs
   if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
     assert config.output == "partials"
     return
   assert (config.output, config.scale_on, config.rows_per_wg) == ("tile", "weights", 64)
   f32 = dataclasses.replace(problem, out_dtype="float32")
   assert wo.default_config(f32, 132).output == "partials"
+
+
+@pytest.mark.parametrize(
+    "m,n,k,bits,fields",
+    [
+        (16, 14336, 4096, 4, dict(scale_on="product", rows_per_wg=128)),
+        (64, 4096, 14336, 4, dict(scale_on="weights", rows_per_wg=64)),
+        (1, 70000, 256, 8, dict(scale_on="weights", rows_per_wg=128)),  # cut and whole tiles
+    ],
+)
+def test_stream_k_decode_lowers_for_cuda(m, n, k, bits, fields):
+  if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    pytest.skip(f"jax {jax.__version__}: no 'tile' output")
+  problem = kernel_lib.WeightOnlyProblem(m=m, n=n, k=k, bits=bits, group_size=128, bias=True)
+  config = kernel_lib.WeightOnlyConfig(
+      tile_m=16 if m <= 16 else 64, output="tile", stream_k=True, **fields
+  )
+  config = wo.deepest_ring(config, problem)
+  args = (
+      jax.ShapeDtypeStruct((max(m, 8), k), jnp.bfloat16),
+      jax.ShapeDtypeStruct((n, k), jnp.int4 if bits == 4 else jnp.int8),
+      jax.ShapeDtypeStruct((k // 128, n), jnp.bfloat16),
+      None,
+      jax.ShapeDtypeStruct((-(-n // config.tile_n) * config.tile_n,), jnp.float32),
+  )
+  f = lambda *a: kernel_lib.weight_only_gemm(*a, problem=problem, config=config, num_sms=132)
+  exported = jax.export.export(jax.jit(f), platforms=["cuda"])(*args)
+  assert "mosaic_gpu" in exported.mlir_module()
+  assert exported.out_avals[0].shape == (max(m, 8), -(-n // 64) * 64)  # the workspace is dropped
+
+
+def test_interpret_mode_refuses_stream_k():
+  if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
+    pytest.skip(f"jax {jax.__version__}: no 'tile' output")
+  problem = kernel_lib.WeightOnlyProblem(m=8, n=256, k=256, bits=8, group_size=256)
+  config = kernel_lib.WeightOnlyConfig(output="tile", stream_k=True, scale_on="weights")
+  x = jnp.ones((8, 256), jnp.bfloat16)
+  w = jnp.ones((256, 256), jnp.int8)
+  with pytest.raises(ValueError, match="stream_k=True: GPU interpret mode"):
+    kernel_lib.weight_only_gemm(
+        x,
+        w,
+        jnp.ones((1, 256), jnp.bfloat16),
+        None,
+        problem=problem,
+        config=config,
+        interpret=_compat.interpret_params(zero_fill=False),
+    )
 
 
 @pytest.mark.parametrize("m", [65, 200, 300, 2048])
@@ -435,17 +508,24 @@ def test_quantize_weights_rejects_bad_groups_and_bits():
         (dict(consumers=4, tile_m=64, rows_per_wg=128), "registers per consumer thread"),
         (dict(consumers=3), "consumers=3"),
         (dict(scale_on="bias"), "scale_on='bias'"),
-        (dict(output="tile"), "needs scale_on='weights'"),
         (dict(output="tile", scale_on="weights", split_k=2), "stores whole sums"),
         (dict(output="sparse"), "output='sparse'"),
         (dict(mma="mma.sync"), "mma='mma.sync'"),
         (dict(mma="warp"), "mma='warp' takes"),
+        (dict(stream_k=True), "stream_k=True needs output='tile'"),
     ],
 )
 def test_config_errors_name_the_field(fields, match):
   problem = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=4096, bits=4, group_size=128)
   with pytest.raises(ValueError, match=match):
     dataclasses.replace(kernel_lib.WeightOnlyConfig(), **fields).validate(problem)
+
+
+def test_tile_output_takes_per_channel_zero_points_on_the_weights_only():
+  problem = kernel_lib.WeightOnlyProblem(m=1, n=4096, k=4096, bits=8, group_size=4096, zeros=True)
+  with pytest.raises(ValueError, match="per-channel zero points needs scale_on='weights'"):
+    kernel_lib.WeightOnlyConfig(output="tile", scale_on="product").validate(problem)
+  kernel_lib.WeightOnlyConfig(output="tile", scale_on="weights").validate(problem)
 
 
 def test_int8_matmul_rejects_other_dtypes():
@@ -489,15 +569,40 @@ def test_weight_only_on_the_gpu(m, n, k, bits, group_size, symmetric, dequant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
+    "m,n,k,bits,group_size,symmetric,fields",
+    [
+        (16, 14336, 4096, 4, 128, True, dict(scale_on="product", rows_per_wg=128)),  # packed
+        (5, 1000, 2048, 4, 128, False, dict(scale_on="weights", rows_per_wg=64)),
+        (40, 4096, 14336, 4, 128, True, dict(scale_on="weights", rows_per_wg=64)),  # ~4 per tile
+        (3, 70000, 256, 4, 128, False, dict(scale_on="product", rows_per_wg=128)),  # + whole tiles
+        (7, 4000, 4096, 8, -1, False, dict(scale_on="weights", rows_per_wg=128)),
+    ],
+)
+def test_stream_k_decode_on_the_gpu(m, n, k, bits, group_size, symmetric, fields):
+  x, qw, bias, ref = _weight_only_case(12, m, n, k, bits, group_size, symmetric)
+  problem = wo.problem_of(x, qw, bias=True, activation="silu")
+  config = kernel_lib.WeightOnlyConfig(
+      tile_m=16 if m <= 16 else 64, output="tile", stream_k=True, **fields
+  )
+  config = wo.deepest_ring(config, problem)
+  y = wo.quantized_matmul(
+      x, qw, bias=bias, activation="silu", config=config, implementation="pallas"
+  )
+  assert _rel_err(y, ref) < BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
     "m,n,k,bits,group_size,symmetric",
     [(1, 4096, 4096, 4, 128, True), (13, 1000, 2048, 4, 128, False), (64, 4096, 4096, 8, -1, True)],
 )
 def test_warp_mma_decode_on_the_gpu(m, n, k, bits, group_size, symmetric):
   x, qw, bias, ref = _weight_only_case(9, m, n, k, bits, group_size, symmetric)
+  qw = wo.block_weights(qw, 0)  # warp MMA reads (N, K) weights, not packed fragments
   problem = kernel_lib.WeightOnlyProblem(
       m=m, n=n, k=k, bits=bits, group_size=qw.group_size, zeros=not symmetric
   )
-  config = dataclasses.replace(wo.default_config(problem, 132), mma="warp", scale_on="weights")
+  config = dataclasses.replace(_split_k_default(problem), mma="warp", scale_on="weights")
   y = wo.quantized_matmul(
       x, qw, bias=bias, activation="silu", config=config, implementation="pallas"
   )
