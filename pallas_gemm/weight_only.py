@@ -94,17 +94,20 @@ class QuantizedWeight:
 
   @property
   def bits(self) -> int:
-    return 4 if self.fragments or self.values.dtype == jnp.int4 else 8
+    if self.fragments:
+      return fragments.bits_of(self.values)
+    return 4 if self.values.dtype == jnp.int4 else 8
 
   @property
   def shape(self) -> tuple[int, ...]:
     """The (K, N) shape of the weight it stands for ((E, K, N) for a stack of experts)."""
     shape = self.values.shape
     if self.fragments:
-      if len(shape) != 4 or shape[2:] != (4, 128) or self.values.dtype != jnp.int32:
+      packed = [(words, 128) for words in fragments.WORDS.values()]
+      if len(shape) != 4 or shape[2:] not in packed or self.values.dtype != jnp.int32:
         raise ValueError(
             "QuantizedWeight.values with fragments=True must be `fragments.pack`'s "
-            f"(K / 64, N / 64, 4, 128) int32, got {self.values.dtype} {shape}"
+            f"(K / 64, N / 64, 4 or 8, 128) int32, got {self.values.dtype} {shape}"
         )
       return (shape[0] * fragments.UNIT, shape[1] * fragments.UNIT)
     if self.k_block:
@@ -123,7 +126,7 @@ class QuantizedWeight:
   def nk_values(self):
     """The values as (N, K) (or (E, N, K)), whatever the stored layout."""
     if self.fragments:
-      return fragments.unpack(self.values).astype(jnp.int4)
+      return fragments.unpack(self.values).astype(jnp.int4 if self.bits == 4 else jnp.int8)
     if not self.k_block:
       return self.values
     *lead, k, n = self.shape
@@ -149,20 +152,21 @@ def block_weights(qw: QuantizedWeight, k_block: int = K_BLOCK) -> QuantizedWeigh
 
 
 def pack_fragments(qw: QuantizedWeight) -> QuantizedWeight:
-  """`qw` (one int4 (K, N) weight, N and K multiples of 64) with its values packed in
-  WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them without a
-  relayout (decode 5-15% faster on the H100, 15-19% on the H200, NOTES exp. 91); once,
-  at load time.
+  """`qw` (one int4 or int8 (K, N) weight, N and K multiples of 64) with its values
+  packed in WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them
+  without a relayout (int4 decode 5-15% faster on the H100, 15-19% on the H200, NOTES
+  exp. 91; int8 not yet measured on a GPU, exp. 93); once, at load time.
 
   >>> qw = pack_fragments(quantize_weights(jnp.ones((256, 128)), bits=4))
   >>> qw.values.shape, qw.values.dtype, qw.shape
   ((4, 2, 4, 128), dtype('int32'), (256, 128))
   """
-  if qw.bits != 4 or len(qw.shape) != 2:
-    raise ValueError(f"pack_fragments packs one int4 (K, N) weight, got {qw.bits} bits, {qw.shape}")
+  if len(qw.shape) != 2:
+    raise ValueError(f"pack_fragments packs one (K, N) weight, got shape {qw.shape}")
   if qw.fragments:
     return qw
-  return dataclasses.replace(qw, values=fragments.pack(qw.nk_values()), k_block=0, fragments=True)
+  values = fragments.pack(qw.nk_values(), bits=qw.bits)
+  return dataclasses.replace(qw, values=values, k_block=0, fragments=True)
 
 
 def quantize_weights(

@@ -81,8 +81,8 @@ class WeightOnlyProblem:
   and the token tiles come from a table (`tile_table`): each multiplies one expert.
   `k_block` > 0: w is stored in K blocks, (K / k_block, N, k_block) (`QuantizedWeight`'s
   layout), so that a ring step's box of weight rows is one contiguous run of memory.
-  `fragments`: int4 w is packed in WGMMA's register order (`fragments.pack`): no
-  relayout in the convert.
+  `fragments`: w (int4 or int8) is packed in WGMMA's register order (`fragments.pack`):
+  no relayout in the convert.
   """
 
   m: int
@@ -213,9 +213,8 @@ class WeightOnlyConfig:
       raise ValueError(
           f"WeightOnlyConfig.mma='warp' needs plgpu.mma, which jax {jax.__version__} lacks"
       )
-    if self.output == "tile" and self.scale_on != "weights" and problem.zeros and (
-        problem.per_channel
-    ):
+    per_channel_zeros = problem.zeros and problem.per_channel
+    if self.output == "tile" and self.scale_on != "weights" and per_channel_zeros:
       raise ValueError(
           "WeightOnlyConfig.output='tile' with per-channel zero points needs "
           "scale_on='weights' (the product cannot take them off)"
@@ -261,7 +260,6 @@ class WeightOnlyConfig:
   def _validate_fragments(self, problem: WeightOnlyProblem) -> None:
     """The rules of weights packed in WGMMA's register order (`fragments.pack`)."""
     rules = {
-        "bits": (problem.bits == 4, "int4"),
         "dequant": (self.dequant == "registers", "dequant='registers'"),
         "mma": (self.mma == "wgmma", "mma='wgmma'"),
         "experts": (not problem.experts, "one weight, not a stack of experts"),
@@ -452,7 +450,7 @@ def _kernel(
       `wgmma`: in WGMMA's register layout (else in the one Mosaic infers for `plgpu.mma`)."""
       if wgmma:
         if p.fragments:
-          w = fragments.convert(w_tile, rows, tk, p.dtype)
+          w = fragments.convert(w_tile, rows, tk, p.dtype, p.bits)
         else:
           with jax.named_scope("smem_load"):
             w = _compat.load_registers(w_tile.at[mine], upcast, optimized=True)
@@ -621,7 +619,7 @@ def _kernel(
 
   buffers = [
       (
-          (tk // 64, tile_n // 64, 4, 128) if p.fragments else (tile_n, tk),
+          (tk // 64, tile_n // 64, fragments.WORDS[p.bits], 128) if p.fragments else (tile_n, tk),
           jnp.int32 if p.fragments else jnp.int4 if p.bits == 4 else jnp.int8,
           () if p.fragments else _transforms(p.bits, tk),
       ),
@@ -675,7 +673,7 @@ def weight_only_gemm(
   output of `problem.out_dtype`, (M, N) rounded up to (8, 64) (slice it).
 
   x: (M, K) of `problem.dtype`; w: (N, K) int4 or int8 (or (K / k_block, N, k_block)
-  with `problem.k_block`, or `fragments.pack`'s (K / 64, N / 64, 4, 128) int32 units
+  with `problem.k_block`, or `fragments.pack`'s (K / 64, N / 64, 4 or 8, 128) int32 units
   with `problem.fragments`); scales and zeros (the zero points, subtracted from q):
   (K // group_size, N) of `problem.dtype`, or None per
   channel with the "partials" output (then the caller scales the result); bias:

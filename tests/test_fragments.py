@@ -1,4 +1,4 @@
-"""int4 weights packed in WGMMA's register order (`pallas_gemm.fragments`,
+"""int4 and int8 weights packed in WGMMA's register order (`pallas_gemm.fragments`,
 `pack_fragments`): the packing on the CPU, the kernel's lowering for CUDA, the
 interpreter's fallback, and the arithmetic on a GPU."""
 
@@ -41,12 +41,36 @@ def test_a_tile_of_units_holds_their_registers_row_units_outermost():
 
 
 @settings(max_examples=5, deadline=None)
-@given(n_units=st.integers(1, 3), k_units=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_pack_unpack_round_trip(n_units, k_units, seed):
-  q = np.random.default_rng(seed).integers(-8, 8, (64 * n_units, 64 * k_units))
-  packed = fragments.pack(q)
-  assert packed.dtype == jnp.int32 and packed.shape == (k_units, n_units, 4, 128)
+@given(
+    n_units=st.integers(1, 3),
+    k_units=st.integers(1, 3),
+    bits=st.sampled_from([4, 8]),
+    seed=st.integers(0, 2**16),
+)
+def test_pack_unpack_round_trip(n_units, k_units, bits, seed):
+  half = 2 ** (bits - 1)
+  q = np.random.default_rng(seed).integers(-half, half, (64 * n_units, 64 * k_units))
+  packed = fragments.pack(q, bits=bits)
+  words = fragments.WORDS[bits]
+  assert packed.dtype == jnp.int32 and packed.shape == (k_units, n_units, words, 128)
+  assert fragments.bits_of(packed) == bits
   np.testing.assert_array_equal(np.asarray(fragments.unpack(packed)), q)
+
+
+def test_int8_words_hold_each_threads_registers_in_order():
+  """Thread t's word v (row 4 (v // 4) + t // 32, column 4 (t % 32) + v % 4 of a unit)
+  holds registers 2v and 2v + 1 of its (64, 64) fragment, byte 2i + e = register
+  2v + i's element e: what the kernel's two 16-byte loads and prmt assume."""
+  q = (np.arange(64 * 64).reshape(64, 64) % 251 - 125).astype(np.int64)  # distinct-ish
+  packed = np.asarray(fragments.pack(q, bits=8)).view(np.uint32)[0, 0]  # (8, 128)
+  emap = fragments.element_map(64, 64)  # (thread, register, element)
+  flat = q.reshape(-1)
+  for t in (0, 31, 32, 77, 127):
+    for v in range(8):
+      word = int(packed[4 * (v // 4) + t // 32, 4 * (t % 32) + v % 4])
+      got = [np.int8(np.uint8((word >> (8 * b)) & 0xFF)) for b in range(4)]
+      want = [flat[emap[t, 2 * v + i, e]] for i in (0, 1) for e in (0, 1)]
+      assert got == want
 
 
 def test_pack_fragments_keeps_the_weight_and_names_what_it_cannot_pack():
@@ -58,8 +82,12 @@ def test_pack_fragments_keeps_the_weight_and_names_what_it_cannot_pack():
   assert wo.pack_fragments(packed) is packed
   back = wo.block_weights(packed)
   assert not back.fragments and back.k_block == 128
-  with pytest.raises(ValueError, match="one int4"):
-    wo.pack_fragments(wo.quantize_weights(w, bits=8))
+  with pytest.raises(ValueError, match="one \\(K, N\\) weight"):
+    wo.pack_fragments(wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4))
+  q8 = wo.quantize_weights(w, bits=8, group_size=-1)
+  packed8 = wo.pack_fragments(q8)
+  assert packed8.values.shape == (4, 3, 8, 128) and packed8.bits == 8
+  np.testing.assert_array_equal(wo.dequantize_weights(packed8), wo.dequantize_weights(q8))
   with pytest.raises(ValueError, match="multiples of 64"):
     fragments.pack(np.zeros((100, 128), np.int8))
   with pytest.raises(ValueError, match="fragments=True"):
@@ -70,19 +98,18 @@ def test_fragments_problem_names_the_rule_it_breaks():
   problem = kernel_lib.WeightOnlyProblem(m=16, n=512, k=512, bits=4, group_size=128, fragments=True)
   config = wo.default_config(problem, 132)
   config.validate(problem)
-  with pytest.raises(ValueError, match="fragments needs int4"):
-    config.validate(dataclasses.replace(problem, bits=8))
   with pytest.raises(ValueError, match="dequant='registers'"):
     dataclasses.replace(config, dequant="smem").validate(problem)
   with pytest.raises(ValueError, match="N a multiple of 64"):
     config.validate(dataclasses.replace(problem, n=520))
 
 
-def _case(m, n, k, zeros=False, seed=0, dtype=jnp.bfloat16):
+def _case(m, n, k, zeros=False, seed=0, dtype=jnp.bfloat16, bits=4):
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.standard_normal((m, k)), dtype)
   w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
-  qw = wo.quantize_weights(w, bits=4, group_size=128, symmetric=not zeros, dtype=dtype)
+  group_size = 128 if bits == 4 else -1
+  qw = wo.quantize_weights(w, bits=bits, group_size=group_size, symmetric=not zeros, dtype=dtype)
   ref = np.asarray(x, np.float64) @ np.asarray(wo.dequantize_weights(qw), np.float64)
   return x, wo.pack_fragments(qw), ref
 
@@ -92,9 +119,12 @@ def _rel(y, ref):
   return np.linalg.norm(y - ref) / np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("m", [16, 64])
-def test_fragments_kernel_lowers_for_cuda(m):
-  x, qw, _ = _case(m, 512, 1024)
+@pytest.mark.parametrize(
+    "m,bits,dtype",
+    [(16, 4, jnp.bfloat16), (64, 4, jnp.bfloat16), (1, 8, jnp.bfloat16), (16, 8, jnp.float16)],
+)
+def test_fragments_kernel_lowers_for_cuda(m, bits, dtype):
+  x, qw, _ = _case(m, 512, 1024, bits=bits, dtype=dtype)
   exported = jax.export.export(
       jax.jit(lambda x, qw: wo.quantized_matmul(x, qw, implementation="pallas")),
       platforms=["cuda"],
@@ -103,24 +133,29 @@ def test_fragments_kernel_lowers_for_cuda(m):
 
 
 @needs_transposes
-def test_the_interpreter_runs_packed_weights_in_k_blocks():
-  x, qw, ref = _case(5, 128, 256, zeros=True)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_interpreter_runs_packed_weights_in_k_blocks(bits):
+  x, qw, ref = _case(5, 128, 256, zeros=True, bits=bits)
   assert _rel(wo.quantized_matmul(x, qw, implementation="interpret"), ref) < 1e-2
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "m,n,k,zeros,dtype",
+    "m,n,k,zeros,dtype,bits",
     [
-        (1, 512, 1024, False, jnp.bfloat16),
-        (13, 768, 512, True, jnp.bfloat16),
-        (16, 1088, 4096, False, jnp.float16),  # N = 1088: a partial tile of 256 rows
-        (64, 4096, 4096, True, jnp.bfloat16),  # the "tile" output, scales on the weights
-        (300, 1024, 2048, False, jnp.bfloat16),  # prefill
+        (1, 512, 1024, False, jnp.bfloat16, 4),
+        (13, 768, 512, True, jnp.bfloat16, 4),
+        (16, 1088, 4096, False, jnp.float16, 4),  # N = 1088: a partial tile of 256 rows
+        (64, 4096, 4096, True, jnp.bfloat16, 4),  # the "tile" output, scales on the weights
+        (300, 1024, 2048, False, jnp.bfloat16, 4),  # prefill
+        (1, 512, 1024, False, jnp.bfloat16, 8),  # int8: prmt into 128.0's mantissa
+        (13, 4096, 4096, True, jnp.bfloat16, 8),  # the "tile" output, zeros per channel
+        (16, 1088, 4096, False, jnp.float16, 8),  # int8 to f16: 1024.0's mantissa
+        (200, 1024, 2048, False, jnp.bfloat16, 8),  # prefill
     ],
 )
-def test_fragments_kernel_matches_float64(m, n, k, zeros, dtype):
-  x, qw, ref = _case(m, n, k, zeros=zeros, dtype=dtype)
+def test_fragments_kernel_matches_float64(m, n, k, zeros, dtype, bits):
+  x, qw, ref = _case(m, n, k, zeros=zeros, dtype=dtype, bits=bits)
   y = wo.quantized_matmul(x, qw, implementation="pallas")
   assert y.shape == (m, n)
   assert _rel(y, ref) < 1e-2
