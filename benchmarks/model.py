@@ -22,7 +22,10 @@ and `pallas_gemm.flax.Linear` with fused epilogues, and reports for each:
             step, grouped: GEMM, attention, elementwise/normalization, other;
             and the GPU's idle time between kernels.
   inference prefill (a training batch, forward only) and decode-like forwards
-            with 1..64 tokens per call, medians interleaved.
+            with 1..64 tokens per call, medians interleaved; with `--quantized`,
+            also the trained "xla" model with int4 (group 128) or int8 (per
+            channel) weights (`models.quantize`, `QuantizedLinear`) as rows
+            "int4" / "int8", interleaved with the rest.
 
 On a machine without a GPU every variant runs XLA's GEMMs (the library's
 `implementation=None` picks XLA there), so the run checks the harness, the
@@ -315,7 +318,7 @@ class Run:
   def __init__(self, spec, variants, loss_steps: int, log):
     self.spec, self.variants, self.log = spec, variants, log
     self.batches = batches(spec, max(loss_steps, 1))
-    self.steps, self.forwards, self.rows = {}, {}, {}
+    self.steps, self.forwards, self.rows, self.graphdefs = {}, {}, {}, {}
     initial = None
     for variant in variants:
       graphdef, params, rest = build(spec, variant)
@@ -330,6 +333,7 @@ class Run:
       step, self.tx = make_train_step(graphdef)
       self.steps[variant] = step
       self.forwards[variant] = make_forward(graphdef)
+      self.graphdefs[variant] = graphdef
       self.rows[variant] = dict(variant=variant, params=count_params(host))
     self.initial = initial
     self.restart()
@@ -454,33 +458,49 @@ class Run:
           )
       )
 
-  def inference(self, decode_tokens, rounds: int, iters: int):
+  def quantized(self, params, bits: int):
+    """(forward, params, rest) of the "xla" model with `params` and its weights
+    quantized to `bits` (int4: group 128; int8: per channel), as it is served."""
+    from flax import nnx
+    from benchmarks import models
+
+    model = nnx.merge(self.graphdefs["xla"], params, self.rest)
+    models.quantize(model, bits=bits, group_size=128 if bits == 4 else -1)
+    graphdef, qparams, rest = nnx.split(model, nnx.Param, ...)
+    return make_forward(graphdef), qparams, rest
+
+  def inference(self, decode_tokens, rounds: int, iters: int, quantized_bits=()):
     """Forward passes with the weights in bf16, as they are served (f32 master weights
-    would make every variant stream 4-byte weights and convert them first)."""
+    would make every variant stream 4-byte weights and convert them first); and with
+    the "xla" model's weights quantized to each of `quantized_bits` (rows "int4"...)."""
     cases = {"prefill": self.batches[0][0]}
     for t in decode_tokens:
       cases[f"decode{t}"] = jnp.zeros((t, 1), jnp.int32)
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.state[0])
+    served = {v: (self.forwards[v], params, self.rest) for v in self.variants}
+    for bits in quantized_bits:
+      served[f"int{bits}"] = self.quantized(params, bits)
+      self.rows.setdefault(f"int{bits}", dict(variant=f"int{bits}"))
     for case, tokens in cases.items():
-      compiled = {}
-      for variant in self.variants:
+      calls = {}
+      for name, (forward, weights, rest) in served.items():
         t0 = time.perf_counter()
-        compiled[variant] = self.forwards[variant].lower(params, self.rest, tokens).compile()
-        self.rows[variant].setdefault("inference", {})[case] = dict(
+        compiled = forward.lower(weights, rest, tokens).compile()
+        self.rows[name].setdefault("inference", {})[case] = dict(
             tokens=int(tokens.size), compile_s=time.perf_counter() - t0
         )
-      calls = {v: functools.partial(compiled[v], params, self.rest, tokens) for v in self.variants}
+        calls[name] = functools.partial(compiled, weights, rest, tokens)
       samples = interleaved(calls, rounds, iters if case == "prefill" else max(iters, DECODE_ITERS))
-      for variant, times in samples.items():
-        self.rows[variant]["inference"][case]["ms"] = statistics.median(times)
+      for name, times in samples.items():
+        self.rows[name]["inference"][case]["ms"] = statistics.median(times)
         if _on_gpu():
           from benchmarks import timeline
 
-          _, events, _ = timeline.capture(calls[variant])
-          self.rows[variant]["inference"][case]["kernels"] = group_kernels(
+          _, events, _ = timeline.capture(calls[name])
+          self.rows[name]["inference"][case]["kernels"] = group_kernels(
               [(e.name, (e.end_ns - e.start_ns) / 1e3) for e in events]
           )
-          self.rows[variant]["inference"][case]["span_us"] = (
+          self.rows[name]["inference"][case]["span_us"] = (
               (events[-1].end_ns - events[0].start_ns) / 1e3 if events else None
           )
 
@@ -588,7 +608,12 @@ def _run_model(spec, variants, args, log, cache_dir) -> dict:
     run.breakdown(args.chain)
     if args.power:
       run.power(args.power, args.rounds, args.chain)
-  run.inference([int(t) for t in args.decode.split(",") if t], args.rounds, args.iters)
+  run.inference(
+      [int(t) for t in args.decode.split(",") if t],
+      args.rounds,
+      args.iters,
+      quantized_bits=[int(b) for b in args.quantized.split(",") if b],
+  )
   for variant in variants:
     row = run.rows[variant]
     log(
@@ -647,6 +672,12 @@ def parse_args(argv=None):
   )
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument(
+      "--quantized",
+      default="",
+      help="comma-separated bits (4, 8): also serve the trained 'xla' model with its "
+      "weights quantized (prefill and decode rows 'int4', 'int8')",
+  )
+  p.add_argument(
       "--in-process",
       action="store_true",
       help="no cold-compile subprocesses (compile times: this process only)",
@@ -661,7 +692,12 @@ def parse_args(argv=None):
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
   p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  if args.quantized and "xla" not in args.variants.split(","):
+    p.error("--quantized quantizes the trained 'xla' variant: include it in --variants")
+  if not set(args.quantized.split(",")) <= {"", "4", "8"}:
+    p.error(f"--quantized takes bits 4 and/or 8, got {args.quantized!r}")
+  return args
 
 
 def specs_from(args):

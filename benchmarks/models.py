@@ -15,6 +15,10 @@ their projections run:
               up projections as one `pallas_gemm.gated_linear_unit`
               (`flax.gated_mlp_of`).
 
+For serving, `quantize` turns an "xla" model's projections (the head included) into
+`pallas_gemm.flax.QuantizedLinear`s: int4 or int8 weights with group scales,
+multiplied by `pallas_gemm.quantized_matmul` (inference only).
+
 "gpt": LayerNorm, multi-head attention (`jax.nn.dot_product_attention`), GELU
 MLP with biases, untied head. "llama": RMSNorm, grouped-query attention with
 rotary embeddings, SwiGLU MLP without biases, untied head. Every variant of
@@ -258,3 +262,25 @@ class Decoder(nnx.Module):
     for block in self.blocks:
       x = block(x)
     return self.head(self.norm(x))
+
+
+def quantize(model: Decoder, bits: int = 4, group_size: int = 128) -> Decoder:
+  """`model` (the "xla" or "injected" variant, any trained weights) with every projection's
+  weight quantized, in place, for inference: int`bits` with scales per `group_size` rows
+  of K (-1: per channel), in `quantize_weights`' layout; biases and activations kept.
+
+  >>> model = quantize(Decoder(SIZES["small"], "xla", nnx.Rngs(0)), bits=4)
+  >>> type(model.head.linear).__name__
+  'QuantizedLinear'
+  """
+  projections = [model.head]
+  for block in model.blocks:
+    names = ("qkv", "attn_out", "up", "down") + (("gate",) if hasattr(block, "gate") else ())
+    projections += [getattr(block, name) for name in names]
+  for projection in projections:
+    if projection.variant == "fused":
+      raise ValueError("quantize takes the 'xla' or 'injected' variant (nnx.Linear projections)")
+    projection.linear = pallas_gemm.flax.QuantizedLinear.from_linear(
+        projection.linear, bits=bits, group_size=group_size, dtype=COMPUTE_DTYPE
+    )
+  return model

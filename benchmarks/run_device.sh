@@ -19,9 +19,10 @@
 #                                         # at 256 and 2048 tokens, grouped int4
 #   bash benchmarks/run_device.sh trace  # one GPU (~6 min): quantized GPU tests, decode under the
 #                                         # in-kernel profiler (cycles per region), decode timing
-#   bash benchmarks/run_device.sh int8   # one GPU (~7 min), queued by NOTES exp. 93: packed int8's
+#   bash benchmarks/run_device.sh int8   # one GPU (~10 min), queued by NOTES exp. 93: packed int8's
 #                                         # first GPU run (fragments tests), its in-kernel trace
-#                                         # against K blocks, decode timing at both 8B projections
+#                                         # against K blocks, decode timing at both 8B projections,
+#                                         # the Llama model served with int4 and int8 weights
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -133,6 +134,8 @@ case "${1:-}" in
       --contenders int8_ours,int8_frag
     step int8_decode 240 10 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
       --weights 4096x14336,14336x4096 --contenders int4_ours,int8_ours,int8_frag --out "$OUT/int8"
+    step quantized_model 200 8 python -u -m benchmarks.model --arch llama --variants xla \
+      --quantized 4,8 --in-process --loss-steps 1 --json "$OUT/quantized_model.json"
     ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"

@@ -133,7 +133,8 @@ class WeightOnlyConfig:
     the tiles (`pallas_gemm.stream_k`): a tile cut between SMs is summed by the SM that
     ran its first step, from the others' f32 partials in a GMEM workspace (GMEM
     semaphores: not in GPU interpret mode). Decode's few wide tiles then fill every SM
-    and no second kernel sums split-K partials.
+    and no second kernel sums split-K partials. Experimental: the partials' store and
+    release cost more than the balance saves (NOTES exp. 92), so no default picks it.
   mma: "wgmma" or "warp" (experimental, for decode: warp-level m16n8k16 MMA on the
     converted weights, `Ring.mma_warp`, which has no per-instruction cost of a
     64-row WGMMA at few tokens; register operands, scales on the weights, "partials").
@@ -705,8 +706,8 @@ def weight_only_gemm(
     out_shape = (config.split_k, problem.n, token_tiles * config.tile_m)
     out_type = jax.ShapeDtypeStruct(out_shape, jnp.float32)
   if config.stream_k:  # the contributors' f32 partial sums, one slot per SM and warpgroup
-    rows = (workers * config.consumers, config.rows_per_wg, config.tile_m)
-    out_type = (out_type, jax.ShapeDtypeStruct(rows, jnp.float32))
+    workspace = (workers * config.consumers, config.rows_per_wg, config.tile_m)
+    out_type = (out_type, jax.ShapeDtypeStruct(workspace, jnp.float32))
   launch = pipeline.launch(
       kernel,
       out_type=out_type,

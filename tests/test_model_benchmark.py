@@ -57,6 +57,33 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_quantized_rows_serve_the_trained_xla_model(tmp_path, capsys):
+  out = tmp_path / "model.json"
+  argv = ["--size", "small", "--arch", "llama", "--variants", "xla", "--in-process"]
+  argv += ["--loss-steps", "1", "--rounds", "1", "--iters", "1", "--decode", "1"]
+  assert harness.main(argv + ["--quantized", "4,8", "--json", str(out)]) == 0
+  rows = json.loads(out.read_text())["models"]["llama"]["variants"]
+  assert set(rows) == {"xla", "int4", "int8"}
+  for name in ("int4", "int8"):
+    assert set(rows[name]["inference"]) == {"prefill", "decode1"}
+    assert all(case["ms"] > 0 for case in rows[name]["inference"].values())
+  assert any(line.startswith("llama  int4") for line in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--variants", "fused", "--quantized", "4"], "include it in --variants"),
+        (["--quantized", "3"], "takes bits 4 and/or 8"),
+    ],
+)
+def test_quantized_rows_need_the_xla_variant_and_known_bits(argv, match, capsys):
+  with pytest.raises(SystemExit):
+    harness.parse_args(argv)
+  assert match in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_cold_and_warm_compiles_run_in_fresh_processes(tmp_path):
   spec = models.SIZES["small"]
   # One variant: the worker builds and compiles any variant alike (all three run in
