@@ -563,6 +563,7 @@ def test_forward_mode_under_vmap_with_a_frozen_weight():
     assert _rel_err(fn("interpret"), fn("xla")) < TOLERANCE["bfloat16"], fn.__name__
 
 
+@pytest.mark.slow  # ~8 s
 @needs_transposed_interpret
 def test_higher_orders_through_the_kernel_match_xla():
   """jacfwd, hessian and a gradient of a gradient through the kernel (issue 20), against
@@ -753,6 +754,7 @@ def test_interpret_fused_backward_matches_float64_reference():
   )
 
 
+@pytest.mark.slow  # ~5 s
 @needs_transposed_interpret
 def test_per_example_gradients_through_the_fused_pass_match_xla():
   """vmap of grad: the fused dPre kernel runs batched (its launcher under vmap; it raised

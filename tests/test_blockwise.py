@@ -343,6 +343,7 @@ def test_fp8_linear_tracks_the_exact_layer_within_fp8_error():
   assert _rel(db, g64.sum((0, 1))) < 1e-2
 
 
+@pytest.mark.slow  # ~9 s; skipped on jax 0.10 anyway
 @needs_transposes
 def test_fp8_linear_kernels_match_the_xla_path_in_interpret_mode():
   x = _normal((130, 256), seed=11).astype(jnp.bfloat16)

@@ -137,7 +137,9 @@ def test_gradients_match_lax(name):
     _compat.JAX_VERSION < (0, 11, 0),
     reason="jax 0.10's GPU interpreter cannot run the transposed operands these layouts have",
 )
-@pytest.mark.parametrize("name", ["NN_dense", "attention_scores"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("NN_dense", marks=pytest.mark.slow), "attention_scores"]
+)
 def test_forward_mode_through_the_kernel_matches_lax(name):
   """jax.jvp and jax.jacfwd through the kernel's dot_general (issue 20), in GPU interpret mode."""
   lhs_shape, rhs_shape, dn, _ = ON_KERNEL[name]

@@ -133,7 +133,7 @@ def test_fragments_kernel_lowers_for_cuda(m, bits, dtype):
 
 
 @needs_transposes
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_the_interpreter_runs_packed_weights_in_k_blocks(bits):
   x, qw, ref = _case(5, 128, 256, zeros=True, bits=bits)
   assert _rel(wo.quantized_matmul(x, qw, implementation="interpret"), ref) < 1e-2

@@ -23,6 +23,7 @@ from pallas_gemm import weight_only_grouped as grouped
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
+SLOW = pytest.mark.slow
 BOUND = 4e-3
 """Relative error against float64: bf16 output rounding (2^-9) and a bf16 dequantized weight."""
 
@@ -194,7 +195,7 @@ def test_prefill_config_interpret_matches_float64(fields):
 
 
 @needs_transposes
-@pytest.mark.parametrize("bits,group_size", [(8, -1), (4, 128)])
+@pytest.mark.parametrize("bits,group_size", [(8, -1), pytest.param(4, 128, marks=pytest.mark.slow)])
 def test_tile_output_with_scales_on_the_product_interpret_matches_float64(bits, group_size):
   if not _compat.STORES_THROUGH_TRANSPOSED_SMEM:
     pytest.skip(f"jax {jax.__version__}: no transposed SMEM store (the 'tile' output)")
@@ -362,8 +363,8 @@ def test_decode_default_stores_whole_sums_where_it_does_not_split_k(m, n, k, gro
 @pytest.mark.parametrize(
     "m,n,k,bits,fields",
     [
-        (16, 14336, 4096, 4, dict(scale_on="product", rows_per_wg=128)),
-        (64, 4096, 14336, 4, dict(scale_on="weights", rows_per_wg=64)),
+        pytest.param(16, 14336, 4096, 4, dict(scale_on="product", rows_per_wg=128), marks=SLOW),
+        pytest.param(64, 4096, 14336, 4, dict(scale_on="weights", rows_per_wg=64), marks=SLOW),
         (1, 70000, 256, 8, dict(scale_on="weights", rows_per_wg=128)),  # cut and whole tiles
     ],
 )

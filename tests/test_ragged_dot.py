@@ -366,6 +366,7 @@ def test_interpret_transposed_rhs():
   _check(out, _reference(lhs, rhs, sizes, True))
 
 
+@pytest.mark.slow  # ~7 s
 @needs_transposes
 @pytest.mark.parametrize("transpose_rhs", [True], ids=["rhs-NK"])
 def test_interpret_gradient_matches_lax(transpose_rhs):
