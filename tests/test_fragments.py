@@ -40,10 +40,10 @@ def test_a_tile_of_units_holds_their_registers_row_units_outermost():
     np.testing.assert_array_equal((rows[:, part] % 64) * 64 + cols[:, part] % 64, unit)
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
-    n_units=st.integers(1, 3),
-    k_units=st.integers(1, 3),
+    n_units=st.integers(1, 2),
+    k_units=st.integers(1, 2),
     bits=st.sampled_from([4, 8]),
     seed=st.integers(0, 2**16),
 )
@@ -84,9 +84,9 @@ def test_pack_fragments_keeps_the_weight_and_names_what_it_cannot_pack():
   assert not back.fragments and back.k_block == 128
   with pytest.raises(ValueError, match="one \\(K, N\\) weight"):
     wo.pack_fragments(wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4))
-  q8 = wo.quantize_weights(w, bits=8, group_size=-1)
+  q8 = wo.quantize_weights(w[:64, :64], bits=8, group_size=-1)
   packed8 = wo.pack_fragments(q8)
-  assert packed8.values.shape == (4, 3, 8, 128) and packed8.bits == 8
+  assert packed8.values.shape == (1, 1, 8, 128) and packed8.bits == 8
   np.testing.assert_array_equal(wo.dequantize_weights(packed8), wo.dequantize_weights(q8))
   with pytest.raises(ValueError, match="multiples of 64"):
     fragments.pack(np.zeros((100, 128), np.int8))

@@ -426,6 +426,7 @@ def test_return_pre_has_no_race():
             GemmConfig(tile_m=128, tile_n=128, stages=3, epilogue_tile=(64, 32)),
             None,
             id="None-four-chunks",
+            marks=pytest.mark.slow,  # ~6 s; the pingpong case covers four chunks too
         ),
         pytest.param(
             GemmConfig(
