@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode_trace                       # GPU: one table per case
     python -m benchmarks.decode_trace --tokens 16 --contenders int4_ours,int4_tile
+    python -m benchmarks.decode_trace --cold                # the weight from HBM, as served
 
 Each contender of `benchmarks.quantized` that runs the kernel is called once
 inside `pallas_gemm.kernel_trace.tracing`, and the trace of that call is summed
@@ -10,7 +11,10 @@ by region: the consumers' "ring_wait" (starved: the weights have not landed),
 the producer's "slot_wait" (the ring is full: the consumers are the limit) and
 "tma_issue". Cycles are SM clock cycles; the profiler adds ~10-20 per region, and
 its buffer may cost the ring a stage. It needs a GPU: the profiler writes its trace
-from a host callback, which jax cannot export for another platform.
+from a host callback, which jax cannot export for another platform. Each table's
+header gives the warpgroups' shortest and longest spans: the longest is the
+kernel's critical path. Stream-K's regions: "contribute" (a cut tile's partial
+store and release), "fixup_wait" and "fixup_load" (its finisher).
 """
 
 from __future__ import annotations
