@@ -111,23 +111,20 @@ def weight_only_contenders(implementation):
     problem = wo.problem_of(x, qw)
     sms = _compat.device_sm_count() or 132
     config = wo.default_config(problem, sms)
-    items = -(-problem.m // config.tile_m) * -(-problem.n // 256)
-    k_steps = -(-problem.k // config.tile_k)
-    step_us = wo.decode_step_us(128, config.tile_k, problem.bits)
-    splits = wo.split_k_by_model(problem, items, k_steps, step_us, config.tile_m, sms)
+    _, splits = wo.decode_split(problem, 128, config.tile_m, config.tile_k, sms)
     fields = dict(rows_per_wg=128, scale_on="product", output="partials", split_k=splits)
     config = wo.deepest_ring(dataclasses.replace(config, **fields), problem)
     return wo.quantized_matmul(x, qw, config=config, implementation="pallas")
 
   gpu_kernel = kernel is None
-  stream_k = gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+  tile_kernel = gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM  # the "tile" output
   streamed = dict(dequant="registers", output="tile", split_k=1, stream_k=True)
-  tile_kernel = stream_k  # the "tile" output (jax >= 0.11), on the GPU
   tile_product = dict(
       dequant="registers", output="tile", split_k=1, rows_per_wg=64, scale_on="product"
   )
-  warp = dict(dequant="registers", mma="warp", scale_on="weights", output="partials")
-  warp.update(stream_k=False)
+  warp = dict(
+      dequant="registers", mma="warp", scale_on="weights", output="partials", stream_k=False
+  )
 
   return {
       "bf16_dot": lambda x, w: jnp.dot(x, w),
@@ -146,13 +143,13 @@ def weight_only_contenders(implementation):
               rows_per_wg=64,
               stream_k=False,
           )
-          if gpu_kernel and _compat.STORES_THROUGH_TRANSPOSED_SMEM
+          if tile_kernel
           else None
       ),
       "int4_r128": rows_128 if gpu_kernel else None,
       "int4_tilep": variant(**tile_product) if tile_kernel else None,
-      "int4_skw": variant(**streamed, scale_on="weights", rows_per_wg=64) if stream_k else None,
-      "int4_skp": variant(**streamed, scale_on="product", rows_per_wg=128) if stream_k else None,
+      "int4_skw": variant(**streamed, scale_on="weights", rows_per_wg=64) if tile_kernel else None,
+      "int4_skp": variant(**streamed, scale_on="product", rows_per_wg=128) if tile_kernel else None,
       "int4_kblock": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int4_xla": lambda x, qw: wo.quantized_matmul(x, qw, implementation="xla"),
       "int4_kernel": (

@@ -186,11 +186,7 @@ class Ring:
       plgpu.wgmma_wait(0)
       plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k_end - k_begin - 1)])
 
-    if isinstance(k_begin, int) and isinstance(k_end, int):
-      if k_end > k_begin:
-        release_last()
-    else:
-      pl.when(k_end > k_begin)(release_last)
+    _when(k_end > k_begin, release_last)
 
   def _mma_serial(self, acc, step0, k_begin, k_end, operands: Callable) -> None:
     @pl.loop(k_begin, k_end)
@@ -239,10 +235,7 @@ class Ring:
       def release_previous():
         plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k - 1 - k_begin)])
 
-      if not isinstance(k, int):
-        pl.when(k > k_begin)(release_previous)
-      elif k > k_begin:
-        release_previous()
+      _when(k > k_begin, release_previous)
 
     def pair(i, a_even):
       k = k_begin + 2 * i
