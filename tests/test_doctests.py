@@ -19,6 +19,9 @@ NEEDS_FLAX = (
     "benchmarks.models",
     "benchmarks.timeline",
 )
+# 8-10 s each on CI's CPU (they train or run kernels in interpret mode): CI runs them on the
+# GPU machine's jax only.
+SLOW = ("pallas_gemm.flax", "pallas_gemm.blockwise", "benchmarks.models")
 
 
 def _modules():
@@ -33,7 +36,9 @@ def _modules():
   )
 
 
-@pytest.mark.parametrize("name", _modules())
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in _modules()]
+)
 def test_docstring_examples(name):
   if name in NEEDS_FLAX:
     pytest.importorskip("flax")

@@ -11,6 +11,9 @@ Gaps of the interpreter, skipped explicitly (never passed silently):
   pads outputs (and operands) to whole tiles; true edge tiles run on the GPU
   (tests/test_gemm_gpu.py). K tails with TMA zero fill are tested directly on
   `hopper_gemm` with the interpreter's zero-fill mode.
+
+Each case takes 4-8 s on CI's CPU. CI's legs on other jax versions run one case of each
+group (the rest are marked `slow`); its leg on the GPU machine's jax runs them all.
 """
 
 import dataclasses
@@ -31,6 +34,8 @@ from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_g
 pytestmark = pytest.mark.interpret
 
 BOUNDS = {"bfloat16": 8e-3, "float16": 1.5e-3, "float32": 1e-5}
+
+slow = pytest.mark.slow  # a further case of a group: CI runs it on the GPU machine's jax only
 
 needs_clusters = pytest.mark.skipif(
     not _compat.INTERPRET_SUPPORTS_CLUSTERS,
@@ -96,7 +101,7 @@ def _run(m, n, k, *, layout="NN", dtype="bfloat16", batch=(), seed=0, config=Non
   _check(out, _reference(a, b, ta, tb, bias=bias, c=c, **ref_kw), out_dtype)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=slow)])
 def test_nn(dtype):
   _run(256, 256, 128, dtype=dtype)
 
@@ -116,10 +121,10 @@ def test_transposed_layouts(layout):
 @pytest.mark.parametrize(
     "config",
     [
-        GemmConfig(wg_split="n"),
+        pytest.param(GemmConfig(wg_split="n"), marks=slow),
         GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=6),
-        GemmConfig(stages=3, epilogue_tile=None),
-        GemmConfig(tile_n=128, raster="along_m", group=1, stages=2),
+        pytest.param(GemmConfig(stages=3, epilogue_tile=None), marks=slow),
+        pytest.param(GemmConfig(tile_n=128, raster="along_m", group=1, stages=2), marks=slow),
         pytest.param(GemmConfig(cluster=(2, 1)), marks=needs_clusters),
         pytest.param(GemmConfig(cluster=(1, 2), tile_n=128), marks=needs_clusters),
         pytest.param(
@@ -146,9 +151,15 @@ def test_schedules(config):
 @pytest.mark.parametrize(
     "config",
     [
-        GemmConfig(tile_m=64, tile_n=64, wg_split="n", stages=4, epilogue_tile=(64, 32)),
+        pytest.param(
+            GemmConfig(tile_m=64, tile_n=64, wg_split="n", stages=4, epilogue_tile=(64, 32)),
+            marks=slow,
+        ),
         GemmConfig(tile_m=128, tile_n=32, stages=4, epilogue_tile=(64, 32)),
-        GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+        pytest.param(
+            GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", stages=4, epilogue_tile=(64, 32)),
+            marks=slow,
+        ),
     ],
     ids=["coop-n-64x64", "coop-m-128x32", "pingpong-64x32"],
 )
@@ -160,13 +171,13 @@ def test_narrow_n_major_b_tiles_narrow_the_swizzle(config):
 @pytest.mark.parametrize(
     "epilogue",
     [
-        dict(bias=True, activation="relu"),
-        dict(bias=True, activation="gelu_tanh"),
-        dict(activation="gelu_exact"),
-        dict(activation="silu"),
-        dict(bias=True, activation="sigmoid"),
+        pytest.param(dict(bias=True, activation="relu"), marks=slow),
+        pytest.param(dict(bias=True, activation="gelu_tanh"), marks=slow),
+        pytest.param(dict(activation="gelu_exact"), marks=slow),
+        pytest.param(dict(activation="silu"), marks=slow),
+        pytest.param(dict(bias=True, activation="sigmoid"), marks=slow),
         dict(c_shape=(256, 256), alpha=0.5, beta=-2.0, bias=True),
-        dict(out_dtype="float32", c_shape=(256, 256), beta=1.0),
+        pytest.param(dict(out_dtype="float32", c_shape=(256, 256), beta=1.0), marks=slow),
     ],
     ids=[
         "bias-relu",
@@ -190,6 +201,7 @@ def test_batched():
   _run(130, 200, 64, batch=(3,), seed=1)
 
 
+@slow
 def test_batch_folded_into_m_with_shared_b():
   rng = np.random.default_rng(2)
   a = _random(rng, (2, 3, 50, 64), "bfloat16")
@@ -223,6 +235,7 @@ def test_k_tail_zero_fill():
   _check(out, _reference(a, b, False, False), "bfloat16")
 
 
+@slow
 def test_matches_xla_path():
   """`implementation="xla"` computes the same function (same epilogue code)."""
   rng = np.random.default_rng(5)
@@ -360,6 +373,7 @@ def test_odd_epilogue_chunk_count_has_no_race():
   assert not interpret_pallas_call.get_races().races_found
 
 
+@slow  # the split-K and autodiff tests return `pre` in interpret mode too
 def test_return_pre():
   """y and the affine part `pre` from one epilogue (what training saves), vs float64."""
   a, b, bias, row_bias, residual = _extras_operands(np.random.default_rng(10))
@@ -416,7 +430,9 @@ def test_return_pre_has_no_race():
         # Each chunking once, the residual added (None) or scaled by the activation's
         # slope alternately: the slope applies wherever a chunk is loaded, so the pairs
         # cover both with prefetched and late chunks, cooperative and pingpong.
-        pytest.param(GemmConfig(tile_m=128, tile_n=64, stages=3), None, id="None-one-chunk"),
+        pytest.param(
+            GemmConfig(tile_m=128, tile_n=64, stages=3), None, id="None-one-chunk", marks=slow
+        ),
         pytest.param(
             GemmConfig(tile_m=128, tile_n=64, stages=3, epilogue_tile=(64, 32)),
             "gelu_tanh",
@@ -434,6 +450,7 @@ def test_return_pre_has_no_race():
             ),
             "gelu_tanh",
             id="gelu_tanh-pingpong-four-chunks",
+            marks=slow,
         ),
     ],
 )
