@@ -35,13 +35,13 @@ CONTENDERS = ("int4_ours", "int4_tile", "int4_scalew", "int8_ours")
 
 
 def _case(m: int, k: int, n: int, name: str, seed: int = 0):
-  """x (m, k) and the quantized (k, n) weight of contender `name` (int8 for int8_*,
-  packed for int8_frag)."""
+  """x (m, k) and the quantized (k, n) weight of contender `name` (int8 for int8_*, in
+  K blocks for int8_kblock)."""
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
   qw = wo.quantize_weights(w, bits=8 if name.startswith("int8") else 4, group_size=128)
-  return x, wo.pack_fragments(qw) if name == "int8_frag" else qw
+  return x, wo.block_weights(qw) if name == "int8_kblock" else qw
 
 
 def trace_one(fn, x, qw, directory: str, cold: bool = False) -> tuple[dict, dict]:

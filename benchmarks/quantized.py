@@ -33,7 +33,8 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int8_ours      int8, per-channel scales, the default route
   int8_r128      int8 decode as before NOTES exp. 92 (as int4_r128)
   int8_tilep     int8 decode as int4_tilep: per-channel scales applied as the kernel stores
-  int8_frag      int8 packed in WGMMA's register order (`pack_fragments`), the default route
+  int8_kblock    int8 stored in K blocks (`block_weights`), the layout before
+                 quantize_weights packed int8 too (NOTES exp. 94)
 Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
   bf16_ragged    jax.lax.ragged_dot on the bf16 experts
   int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot
@@ -160,7 +161,7 @@ def weight_only_contenders(implementation):
       "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int8_r128": rows_128 if gpu_kernel else None,
       "int8_tilep": variant(**tile_product) if tile_kernel else None,
-      "int8_frag": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
+      "int8_kblock": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
   }
 
 
@@ -196,8 +197,7 @@ def run_weight_only(
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
     operands = {"bf16_dot": w, "int8_ours": q8, "int8_r128": q8, "int8_tilep": q8}
-    if k % 64 == 0 and n % 64 == 0:
-      operands["int8_frag"] = wo.pack_fragments(q8)
+    operands["int8_kblock"] = wo.block_weights(q8) if q8.fragments else q8
     int4 = (
         "int4_ours",
         "int4_smem",
@@ -218,7 +218,7 @@ def run_weight_only(
     operands.update(int4_kblock=q4_blocks, int4_xla=q4_blocks)
     weight_bytes = {
         "bf16_dot": 2 * k * n,
-        **{name: k * n for name in ("int8_ours", "int8_r128", "int8_tilep", "int8_frag")},
+        **{name: k * n for name in ("int8_ours", "int8_r128", "int8_tilep", "int8_kblock")},
     }
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)
@@ -233,8 +233,6 @@ def run_weight_only(
       refs = {}
       running = {}
       for name, fn in contenders.items():
-        if name not in operands:  # int8_frag: N or K not a multiple of 64
-          continue
         operand = operands[name]
         kind = "bf16" if name == "bf16_dot" else name[:4]
         if kind not in refs:

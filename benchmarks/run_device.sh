@@ -19,10 +19,11 @@
 #                                         # at 256 and 2048 tokens, grouped int4
 #   bash benchmarks/run_device.sh trace  # one GPU (~6 min): quantized GPU tests, decode under the
 #                                         # in-kernel profiler (cycles per region), decode timing
-#   bash benchmarks/run_device.sh int8   # one GPU (~10 min), queued by NOTES exp. 93: packed int8's
-#                                         # first GPU run (fragments tests), its in-kernel trace
-#                                         # against K blocks, decode timing at both 8B projections,
-#                                         # the Llama model served with int4 and int8 weights
+#   bash benchmarks/run_device.sh int8   # one GPU (~7 min): the fragments' GPU tests, packed int8's
+#                                         # in-kernel trace against K blocks, decode timing at
+#                                         # both 8B projections (NOTES exps. 93, 94)
+#   bash benchmarks/run_device.sh qmodel # one GPU (~7 min): the Llama model served with int4 and
+#                                         # int8 weights (prefill and decode forwards)
 #   bash benchmarks/run_device.sh next   # one GPU, queued by NOTES exps. 79-82 (~10 min): the
 #                                         # user epilogues' GPU tests (the runtime scalar's
 #                                         # first run); the time model before exp. 79 against
@@ -131,17 +132,19 @@ case "${1:-}" in
   int8)
     step fragments_gpu_tests 200 6 python -u -m pytest -q -rf -m gpu tests/test_fragments.py
     step int8_trace 150 60 python -u -m benchmarks.decode_trace --tokens 16 --cold \
-      --contenders int8_ours,int8_frag
+      --contenders int8_ours,int8_kblock
     step int8_decode 240 10 python -u -m benchmarks.quantized --part weight_only --tokens 1,16,64 \
-      --weights 4096x14336,14336x4096 --contenders int4_ours,int8_ours,int8_frag --out "$OUT/int8"
-    step quantized_model 200 8 python -u -m benchmarks.model --arch llama --variants xla \
+      --weights 4096x14336,14336x4096 --contenders int4_ours,int8_ours,int8_kblock --out "$OUT/int8"
+    ;;
+  qmodel)
+    step quantized_model 420 8 python -u -m benchmarks.model --arch llama --variants xla \
       --quantized 4,8 --in-process --loss-steps 1 --json "$OUT/quantized_model.json"
     ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|trace|int8|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
     exit 2
     ;;
 esac

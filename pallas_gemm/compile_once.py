@@ -41,6 +41,7 @@ import jax
 
 from pallas_gemm import _compat
 from pallas_gemm import kernel_cache
+from pallas_gemm import kernel_trace
 
 
 def kernel_entry(
@@ -71,7 +72,9 @@ def kernel_entry(
     mosaic = static.get("interpret") is None
     if mosaic:  # the real kernel: never on another GPU
       _compat.require_hopper(f"{fn.__module__}.{fn.__name__} (implementation='pallas')")
-    storable = not any(static.get(name) for name in mesh_dependent)
+    # A traced kernel (`kernel_trace.tracing`) carries the profiler, which the store's
+    # keys and the lowering pool's processes know nothing of: lowered in place.
+    storable = not any(static.get(name) for name in mesh_dependent) and not kernel_trace.active()
     return kernel_cache.launch(
         fn, static, args, kwargs, lower_ahead=mosaic and storable, storable=storable
     )

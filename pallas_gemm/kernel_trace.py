@@ -58,6 +58,11 @@ def tracing(directory: str, ranges: int = 256) -> Iterator[str]:
     jax.clear_caches()
 
 
+def active() -> bool:
+  """Whether kernels are being traced now (inside `tracing`)."""
+  return _ACTIVE is not None
+
+
 def with_profiler(params):
   """`params` (a `plgpu.CompilerParams`) with the profiler on inside `tracing`, else as is."""
   if _ACTIVE is None:

@@ -10,9 +10,10 @@ GPTQ/AWQ (G = 128) or per channel (G = K). int4 values are jnp.int4 in [-8, 7],
 which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
-On a Hopper GPU `quantize_weights` packs one int4 weight (N and K multiples of 64)
-in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
-converts it with no relayout, decode 5-19% faster); other weights in K blocks,
+On a Hopper GPU `quantize_weights` packs one int4 or int8 weight (N and K multiples
+of 64) in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
+converts it with no relayout; int4 decode 5-19% faster, int8 0-8% at decode and 5-11%
+at prefill); other weights in K blocks,
 (K / 128, N, 128): each block's rows contiguous, so that every TMA box the kernel
 reads (weight rows x 128 K) is one contiguous run of memory (`block_weights` and
 `pack_fragments` convert (N, K) weights made elsewhere, once, at load time; the
@@ -155,7 +156,8 @@ def pack_fragments(qw: QuantizedWeight) -> QuantizedWeight:
   """`qw` (one int4 or int8 (K, N) weight, N and K multiples of 64) with its values
   packed in WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them
   without a relayout (int4 decode 5-15% faster on the H100, 15-19% on the H200, NOTES
-  exp. 91; int8 not yet measured on a GPU, exp. 93); once, at load time.
+  exp. 91; int8 0-8% at decode and 5-11% at prefill on the H100, exp. 94); once, at
+  load time.
 
   >>> qw = pack_fragments(quantize_weights(jnp.ones((256, 128)), bits=4))
   >>> qw.values.shape, qw.values.dtype, qw.shape
@@ -187,10 +189,10 @@ def quantize_weights(
   real-valued zero point. Returns a `QuantizedWeight` whose scales (and zeros)
   are `dtype`, the activations' dtype, as the kernel multiplies in it; an expert
   stack's arrays carry the leading E. The values' layout (see `QuantizedWeight`):
-  `fragments` packs one int4 weight in WGMMA's register order (`pack_fragments`, what
-  the kernel reads fastest); None: on a Hopper GPU where it can (int4, N and K
-  multiples of 64, one weight) unless `k_block` is given (elsewhere XLA's route would
-  unpack it with a gather). Else `k_block`; None: `K_BLOCK` where it divides K, else 0
+  `fragments` packs one weight in WGMMA's register order (`pack_fragments`, what the
+  kernel reads fastest); None: on a Hopper GPU where it can (N and K multiples of 64,
+  one weight) unless `k_block` is given (elsewhere XLA's route would unpack it with a
+  gather). Else `k_block`; None: `K_BLOCK` where it divides K, else 0
   ((N, K)).
   """
   w = jnp.asarray(w)
@@ -220,7 +222,7 @@ def quantize_weights(
       q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
   )
   if fragments is None:  # where the kernel reads it: XLA would unpack it with a gather
-    packable = bits == 4 and not lead and k % 64 == 0 and n % 64 == 0
+    packable = not lead and k % 64 == 0 and n % 64 == 0
     fragments = k_block is None and packable and _compat.on_hopper()
   if fragments:
     return pack_fragments(qw)

@@ -47,6 +47,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
+from pallas_gemm import compile_once
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fragments
 from pallas_gemm import kernel_trace
@@ -656,6 +657,7 @@ def _kernel(
   )
 
 
+@compile_once.kernel_entry(static_argnames=("problem", "config", "interpret", "num_sms"))
 def weight_only_gemm(
     x,
     w,
@@ -698,7 +700,9 @@ def weight_only_gemm(
         "WeightOnlyConfig.stream_k=True: GPU interpret mode cannot run the GMEM semaphores "
         "of the stream-K sums; use stream_k=False"
     )
-  kernel = functools.partial(_kernel, p=problem, cfg=config, workers=workers)
+  kernel = compile_once.named_body(
+      "pallas_gemm_weight_only", _kernel, p=problem, cfg=config, workers=workers
+  )
   if config.output == "tile":  # whole TMA tiles of the transposed store: (8, 64) elements
     out_shape = (round_up(problem.m, 8), round_up(problem.n, 64))
     out_type = jax.ShapeDtypeStruct(out_shape, jnp.dtype(problem.out_dtype))

@@ -123,6 +123,23 @@ def test_ragged_dot_and_scaled_matmul_lower_once():
   assert one == three == 1
 
 
+@pytest.mark.parametrize("packing", ["fragments", "k_blocks"])
+def test_quantized_matmul_lowers_once(packing):
+  """Weight-only decode: four projections of one shape are one kernel, lowered once."""
+  qw = pallas_gemm.quantize_weights(
+      jax.random.normal(jax.random.key(0), (256, 256)), bits=4, fragments=packing == "fragments"
+  )
+
+  def layers(x, sites):
+    for _ in range(sites):
+      x = pallas_gemm.quantized_matmul(x, qw, implementation="pallas")
+    return x
+
+  one = _exported_kernels(lambda x: layers(x, 1), _sds((16, 256)))
+  four = _exported_kernels(lambda x: layers(x, 4), _sds((16, 256)))
+  assert one == four == (1, 1)
+
+
 def test_layers_of_a_model_share_kernels():
   """A Flax decoder's distinct kernels do not grow with its depth (fused layers, training step)."""
   pytest.importorskip("flax")
