@@ -33,6 +33,8 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
   int8_ours      int8, per-channel scales, the default route
   int8_r128      int8 decode as before NOTES exp. 92 (as int4_r128)
   int8_tilep     int8 decode as int4_tilep: per-channel scales applied as the kernel stores
+  int8_skw       int8 decode by stream-K (experimental), as int4_skw
+  int8_skp       int8 decode by stream-K (experimental), as int4_skp
   int8_kblock    int8 stored in K blocks (`block_weights`), the layout before
                  quantize_weights packed int8 too (NOTES exp. 94)
 Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
@@ -161,6 +163,8 @@ def weight_only_contenders(implementation):
       "int8_ours": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
       "int8_r128": rows_128 if gpu_kernel else None,
       "int8_tilep": variant(**tile_product) if tile_kernel else None,
+      "int8_skw": variant(**streamed, scale_on="weights", rows_per_wg=64) if tile_kernel else None,
+      "int8_skp": variant(**streamed, scale_on="product", rows_per_wg=128) if tile_kernel else None,
       "int8_kblock": lambda x, qw: wo.quantized_matmul(x, qw, implementation=kernel),
   }
 
@@ -196,7 +200,10 @@ def run_weight_only(
     w = jnp.asarray(rng.standard_normal((k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
     q8 = wo.quantize_weights(w, bits=8, group_size=-1)
-    operands = {"bf16_dot": w, "int8_ours": q8, "int8_r128": q8, "int8_tilep": q8}
+    operands = {"bf16_dot": w}
+    operands.update(
+        {name: q8 for name in ("int8_ours", "int8_r128", "int8_tilep", "int8_skw", "int8_skp")}
+    )
     operands["int8_kblock"] = wo.block_weights(q8) if q8.fragments else q8
     int4 = (
         "int4_ours",
@@ -218,7 +225,7 @@ def run_weight_only(
     operands.update(int4_kblock=q4_blocks, int4_xla=q4_blocks)
     weight_bytes = {
         "bf16_dot": 2 * k * n,
-        **{name: k * n for name in ("int8_ours", "int8_r128", "int8_tilep", "int8_kblock")},
+        **{name: k * n for name in operands if name.startswith("int8")},
     }
     deq = {
         name: np.asarray(wo.dequantize_weights(q), np.float64)
