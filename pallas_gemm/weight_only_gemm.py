@@ -683,6 +683,8 @@ def weight_only_gemm(
   (N rounded up to tile_n,) f32 when `problem.bias`. With `problem.experts`: w, scales
   and zeros carry the leading E, `table` is `tile_table`'s (2, T) int32, and the
   partial sums are (split_k, N, T * tile_m), token tile t in columns [t * tile_m, ...).
+  Traced and lowered once per distinct kernel in a program (`compile_once`): pass
+  problem, config, interpret and num_sms by keyword.
   """
   config.validate(problem)
   workers = num_sms or DEFAULT_NUM_SMS
