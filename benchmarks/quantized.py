@@ -40,8 +40,10 @@ Weight-only (`pallas_gemm.quantized_matmul`): x (M, K) bf16 times a (K, N) weigh
 Grouped (`pallas_gemm.quantized_ragged_dot`): M routed rows over E experts' (K, N) weights:
   bf16_ragged    jax.lax.ragged_dot on the bf16 experts
   int4_xla       every expert dequantized by XLA, then jax.lax.ragged_dot
-  int4_kernel    the weight-only kernel over one-expert token tiles (WGMMA)
-  int4_warp      the same with warp-level MMA
+  int4_kernel    the weight-only kernel over one-expert token tiles (WGMMA), on the stack
+                 as quantize_weights stores it (packed in WGMMA's register order on Hopper)
+  int4_kblock    the same kernel on the stack in K blocks (the layout before NOTES exp. 97)
+  int4_warp      the kernel with warp-level MMA (K blocks)
 W8A8 (`pallas_gemm.int8_matmul`): per-token and per-channel scales, bf16 out:
   bf16_dot       jnp.dot on bf16 operands
   int8_ours      the dense kernel, s8 x s8 -> s32, scales in the epilogue
@@ -317,12 +319,16 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
               )
           )
       ),
+      "int4_kblock": kernel("wgmma") if gpu else None,
       "int4_warp": kernel("warp") if gpu and _compat.HAS_WARP_MMA else None,
   }
   contenders = {k: v for k, v in contenders.items() if v is not None}
   for e, k, n in experts_shapes:
     w = jnp.asarray(rng.standard_normal((e, k, n), np.float32) / math.sqrt(k), jnp.bfloat16)
     q4 = wo.quantize_weights(w, bits=4, group_size=128)
+    q4_blocks = wo.block_weights(q4) if q4.fragments else q4
+    operands = dict(bf16_ragged=w, int4_kernel=q4, int4_xla=q4_blocks)
+    operands.update(int4_kblock=q4_blocks, int4_warp=q4_blocks)
     w64 = np.asarray(w.astype(jnp.float32), np.float64)
     d64 = np.asarray(wo.dequantize_weights(q4), np.float64)
     for m in routed:
@@ -337,13 +343,13 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
       case = f"{m}x{e}x{n}x{k}"
       samples = {}
       for name, fn in contenders.items():
-        operand = w if name == "bf16_ragged" else q4
+        operand = operands[name]
         err = _rel_err(jax.jit(fn)(x, operand, sizes), refs[operand is w])
         log(f"grouped {case:20s} {name:11s} rel. error vs float64 {err:.1e}")
         if err > 1e-2:
           raise SystemExit(f"{case} {name}: relative error {err:.1e}")
       cycled = {name: _cycled(fn) for name, fn in contenders.items()}
-      args = {name: [(x, w if name == "bf16_ragged" else q4, sizes)] for name in contenders}
+      args = {name: [(x, operands[name], sizes)] for name in contenders}
       for _ in range(rounds):
         for name in contenders:
           _timed(cycled[name], args[name], samples, name, iterations, timer)

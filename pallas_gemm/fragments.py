@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import jax.experimental.mosaic.gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -104,7 +105,7 @@ def _unit_order(bits: int = 4) -> np.ndarray:
 
 def pack(q, bits: int = 4):
   """(N, K) int values (any int dtype, in int`bits`'s range) -> (K / 64, N / 64,
-  WORDS[bits], 128) int32.
+  WORDS[bits], 128) int32; a stack (E, N, K) (experts) packs each: (E, K / 64, ...).
 
   >>> q = np.random.default_rng(0).integers(-8, 8, (128, 192))
   >>> p = pack(q); p.shape, p.dtype
@@ -117,6 +118,10 @@ def pack(q, bits: int = 4):
   """
   if bits not in WORDS:
     raise ValueError(f"fragments.pack: bits must be one of {tuple(WORDS)}, got {bits!r}")
+  if q.ndim == 3:
+    return jax.vmap(functools.partial(pack, bits=bits))(jnp.asarray(q))
+  if q.ndim != 2:
+    raise ValueError(f"fragments.pack: q must be (N, K) or (E, N, K), got shape {q.shape}")
   n, k = q.shape
   if n % UNIT or k % UNIT:
     raise ValueError(f"fragments.pack: N and K must be multiples of {UNIT}, got {q.shape}")
@@ -138,7 +143,10 @@ def pack(q, bits: int = 4):
 
 
 def unpack(packed):
-  """`pack`'s inverse: (K / 64, N / 64, 4 or 8, 128) int32 -> (N, K) int8 values."""
+  """`pack`'s inverse: (K / 64, N / 64, 4 or 8, 128) int32 -> (N, K) int8 values (a
+  stack (E, K / 64, ...) -> (E, N, K))."""
+  if packed.ndim == 5:
+    return jax.vmap(unpack)(jnp.asarray(packed))
   bits = bits_of(packed)
   kb, nb = packed.shape[:2]
   words = jnp.asarray(packed).view(jnp.uint32)

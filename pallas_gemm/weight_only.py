@@ -10,8 +10,8 @@ GPTQ/AWQ (G = 128) or per channel (G = K). int4 values are jnp.int4 in [-8, 7],
 which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
-On a Hopper GPU `quantize_weights` packs one int4 or int8 weight (N and K multiples
-of 64) in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
+On a Hopper GPU `quantize_weights` packs int4 and int8 weights (N and K multiples of
+64; an expert stack too) in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
 converts it with no relayout; int4 decode 5-19% faster, int8 0-8% at decode and 5-11%
 at prefill); other weights in K blocks,
 (K / 128, N, 128): each block's rows contiguous, so that every TMA box the kernel
@@ -105,12 +105,13 @@ class QuantizedWeight:
     shape = self.values.shape
     if self.fragments:
       packed = [(words, 128) for words in fragments.WORDS.values()]
-      if len(shape) != 4 or shape[2:] not in packed or self.values.dtype != jnp.int32:
+      if len(shape) not in (4, 5) or shape[-2:] not in packed or self.values.dtype != jnp.int32:
         raise ValueError(
             "QuantizedWeight.values with fragments=True must be `fragments.pack`'s "
-            f"(K / 64, N / 64, 4 or 8, 128) int32, got {self.values.dtype} {shape}"
+            f"([E,] K / 64, N / 64, 4 or 8, 128) int32, got {self.values.dtype} {shape}"
         )
-      return (shape[0] * fragments.UNIT, shape[1] * fragments.UNIT)
+      *lead, kb, nb = shape[:-2]
+      return (*lead, kb * fragments.UNIT, nb * fragments.UNIT)
     if self.k_block:
       if len(shape) < 3 or shape[-1] != self.k_block:
         raise ValueError(
@@ -153,8 +154,8 @@ def block_weights(qw: QuantizedWeight, k_block: int = K_BLOCK) -> QuantizedWeigh
 
 
 def pack_fragments(qw: QuantizedWeight) -> QuantizedWeight:
-  """`qw` (one int4 or int8 (K, N) weight, N and K multiples of 64) with its values
-  packed in WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them
+  """`qw` (an int4 or int8 (K, N) weight, or an (E, K, N) stack of experts' weights, N
+  and K multiples of 64) with its values packed in WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them
   without a relayout (int4 decode 5-15% faster on the H100, 15-19% on the H200, NOTES
   exp. 91; int8 0-8% at decode and 5-11% at prefill on the H100, exp. 94); once, at
   load time.
@@ -163,8 +164,8 @@ def pack_fragments(qw: QuantizedWeight) -> QuantizedWeight:
   >>> qw.values.shape, qw.values.dtype, qw.shape
   ((4, 2, 4, 128), dtype('int32'), (256, 128))
   """
-  if len(qw.shape) != 2:
-    raise ValueError(f"pack_fragments packs one (K, N) weight, got shape {qw.shape}")
+  if len(qw.shape) not in (2, 3):
+    raise ValueError(f"pack_fragments packs a (K, N) weight or an (E, K, N) stack, got {qw.shape}")
   if qw.fragments:
     return qw
   values = fragments.pack(qw.nk_values(), bits=qw.bits)
@@ -189,9 +190,9 @@ def quantize_weights(
   real-valued zero point. Returns a `QuantizedWeight` whose scales (and zeros)
   are `dtype`, the activations' dtype, as the kernel multiplies in it; an expert
   stack's arrays carry the leading E. The values' layout (see `QuantizedWeight`):
-  `fragments` packs one weight in WGMMA's register order (`pack_fragments`, what the
-  kernel reads fastest); None: on a Hopper GPU where it can (N and K multiples of 64,
-  one weight) unless `k_block` is given (elsewhere XLA's route would unpack it with a
+  `fragments` packs the values in WGMMA's register order (`pack_fragments`, what the
+  kernel reads fastest); None: on a Hopper GPU where it can (N and K multiples of 64)
+  unless `k_block` is given (elsewhere XLA's route would unpack it with a
   gather). Else `k_block`; None: `K_BLOCK` where it divides K, else 0
   ((N, K)).
   """
@@ -222,7 +223,7 @@ def quantize_weights(
       q, scales.astype(dtype), None if zeros is None else zeros.astype(dtype), group_size
   )
   if fragments is None:  # where the kernel reads it: XLA would unpack it with a gather
-    packable = not lead and k % 64 == 0 and n % 64 == 0
+    packable = k % 64 == 0 and n % 64 == 0
     fragments = k_block is None and packable and _compat.on_hopper()
   if fragments:
     return pack_fragments(qw)
@@ -267,9 +268,9 @@ def _as_quantized(w_q, scales, zeros, bits, group_size) -> QuantizedWeight:
     if group_size is not None and group_size != w_q.group_size:
       raise ValueError(f"group_size={group_size} but the QuantizedWeight has {w_q.group_size}")
     k, n = w_q.shape
-    if w_q.fragments:  # checked by its shape property; int4 by construction
-      if bits is not None and bits != 4:
-        raise ValueError(f"bits={bits} but w_q is packed int4 (fragments)")
+    if w_q.fragments:  # checked by its shape property; the bits by its word rows
+      if bits is not None and bits != w_q.bits:
+        raise ValueError(f"bits={bits} but w_q is packed int{w_q.bits} (fragments)")
       return w_q
   else:
     values, k_block = jnp.asarray(w_q), 0

@@ -264,7 +264,6 @@ class WeightOnlyConfig:
     rules = {
         "dequant": (self.dequant == "registers", "dequant='registers'"),
         "mma": (self.mma == "wgmma", "mma='wgmma'"),
-        "experts": (not problem.experts, "one weight, not a stack of experts"),
         "k_block": (not problem.k_block, "k_block=0 (the packing is its own layout)"),
         "n": (problem.n % 64 == 0, "N a multiple of 64 (whole packed units)"),
         "k": (problem.k % 64 == 0, "K a multiple of 64 (whole packed units)"),

@@ -131,6 +131,9 @@ def quantized_ragged_dot(
   interpret = implementation == "interpret"
   if interpret:
     num_sms = num_sms or wo.INTERPRET_NUM_SMS
+    if qw.fragments:  # the interpreter has no inline Mosaic GPU code: K blocks instead
+      qw = wo.block_weights(qw, wo.K_BLOCK if k % wo.K_BLOCK == 0 else 0)
+      problem = dataclasses.replace(problem, fragments=False, k_block=qw.k_block)
   else:
     _compat.require_hopper("pallas_gemm.quantized_ragged_dot (implementation='pallas')")
     num_sms = num_sms or _compat.device_sm_count() or kernel_lib.DEFAULT_NUM_SMS
@@ -145,7 +148,8 @@ def quantized_ragged_dot(
   table, columns = kernel_lib.tile_table(group_sizes, m, config.tile_m, token_tiles)
   rows = round_up(m, 8) + config.tile_m if interpret else tma_rows(m)  # a tile may start late
   x_in = jnp.pad(x, ((0, rows - m), (0, 0))) if rows != m else x
-  pad = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, values.shape[-2] - n)))
+  stored_n = n if qw.fragments else values.shape[-2]  # packed: whole units, never padded
+  pad = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, stored_n - n)))
   scales = pad(qw.scales.astype(x.dtype))
   zeros = None if qw.zeros is None else pad(qw.zeros.astype(x.dtype))
   partials = kernel_lib.weight_only_gemm(
@@ -155,7 +159,7 @@ def quantized_ragged_dot(
       zeros,
       None,
       table,
-      problem=dataclasses.replace(problem, m=rows, n=values.shape[-2]),
+      problem=dataclasses.replace(problem, m=rows, n=stored_n),
       config=config,
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
       num_sms=num_sms,

@@ -57,6 +57,25 @@ def test_pack_unpack_round_trip(n_units, k_units, bits, seed):
   np.testing.assert_array_equal(np.asarray(fragments.unpack(packed)), q)
 
 
+def test_a_stack_packs_and_unpacks_expert_by_expert():
+  q = np.random.default_rng(3).integers(-128, 128, (3, 128, 64))
+  packed = fragments.pack(q, bits=8)
+  assert packed.shape == (3, 1, 2, 8, 128)
+  for e in range(3):
+    np.testing.assert_array_equal(packed[e], fragments.pack(q[e], bits=8))
+  np.testing.assert_array_equal(np.asarray(fragments.unpack(packed)), q)
+  with pytest.raises(ValueError, match="\\(N, K\\) or \\(E, N, K\\)"):
+    fragments.pack(q[None])
+
+
+def test_a_packed_weight_names_its_bits():
+  x, qw, ref = _case(3, 64, 128, bits=8)
+  y = wo.quantized_matmul(x, qw, bits=8, implementation="xla")
+  assert _rel(y, ref) < 1e-2
+  with pytest.raises(ValueError, match="bits=4 but w_q is packed int8"):
+    wo.quantized_matmul(x, qw, bits=4)
+
+
 def test_int8_words_hold_each_threads_registers_in_order():
   """Thread t's word v (row 4 (v // 4) + t // 32, column 4 (t % 32) + v % 4 of a unit)
   holds registers 2v and 2v + 1 of its (64, 64) fragment, byte 2i + e = register
@@ -82,8 +101,10 @@ def test_pack_fragments_keeps_the_weight_and_names_what_it_cannot_pack():
   assert wo.pack_fragments(packed) is packed
   back = wo.block_weights(packed)
   assert not back.fragments and back.k_block == 128
-  with pytest.raises(ValueError, match="one \\(K, N\\) weight"):
-    wo.pack_fragments(wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4))
+  stack = wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4, fragments=False)
+  packed_stack = wo.pack_fragments(stack)  # an expert stack packs expert by expert
+  assert packed_stack.values.shape == (2, 4, 3, 4, 128) and packed_stack.shape == (2, 256, 192)
+  np.testing.assert_array_equal(wo.dequantize_weights(packed_stack), wo.dequantize_weights(stack))
   q8 = wo.quantize_weights(w[:64, :64], bits=8, group_size=-1)
   packed8 = wo.pack_fragments(q8)
   assert packed8.values.shape == (1, 1, 8, 128) and packed8.bits == 8
@@ -169,5 +190,5 @@ def test_quantize_weights_packs_by_default_where_the_kernel_reads_it(monkeypatch
   assert wo.quantize_weights(w, bits=8, group_size=-1).fragments == hopper
   assert not wo.quantize_weights(w[:, :100], bits=4).fragments  # N not a multiple of 64
   assert not wo.quantize_weights(w, bits=4, k_block=128).fragments  # a layout asked for
-  assert not wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4).fragments  # experts
+  assert wo.quantize_weights(jnp.ones((2, 256, 192)), bits=4).fragments == hopper  # experts
   assert wo.quantize_weights(w, bits=4, fragments=True).fragments

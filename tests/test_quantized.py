@@ -708,6 +708,7 @@ def _grouped_case(seed, m, experts, n, k, bits, group_size, symmetric, sizes):
     "m,experts,n,k,bits,group_size,symmetric,sizes",
     [
         (21, 3, 136, 256, 4, 128, True, [5, 0, 11]),  # an empty expert, rows past the sum
+        (21, 3, 128, 256, 4, 128, True, [5, 11, 0]),  # packed; an empty expert
         pytest.param(  # per channel with zeros; a tile starting mid-expert
             40, 3, 128, 512, 8, -1, False, [20, 3, 9], marks=pytest.mark.slow
         ),
@@ -715,6 +716,8 @@ def _grouped_case(seed, m, experts, n, k, bits, group_size, symmetric, sizes):
 )
 def test_grouped_interpret_matches_float64(m, experts, n, k, bits, group_size, symmetric, sizes):
   x, qw, group_sizes, ref = _grouped_case(12, m, experts, n, k, bits, group_size, symmetric, sizes)
+  if n % 64 == 0:  # a stack packed in WGMMA's register order (the interpreter: K blocks)
+    qw = wo.pack_fragments(qw)
   for implementation in ("interpret", "xla"):
     y = pallas_gemm.quantized_ragged_dot(x, qw, group_sizes, implementation=implementation)
     assert y.shape == (m, n) and y.dtype == jnp.bfloat16
@@ -722,19 +725,24 @@ def test_grouped_interpret_matches_float64(m, experts, n, k, bits, group_size, s
     assert _rel_err(y, ref) < BOUND
 
 
-@pytest.mark.parametrize("mma", ["wgmma", "warp"])
-def test_grouped_kernel_lowers_for_cuda(mma):
+@pytest.mark.parametrize("mma,packed", [("wgmma", False), ("warp", False), ("wgmma", True)])
+def test_grouped_kernel_lowers_for_cuda(mma, packed):
   if mma == "warp" and not _compat.HAS_WARP_MMA:
     pytest.skip(f"jax {jax.__version__} has no plgpu.mma")
   m, experts, n, k = 64, 8, 2048, 1024
   problem = kernel_lib.WeightOnlyProblem(
-      m=m, n=n, k=k, bits=4, group_size=128, zeros=True, experts=experts
+      m=m, n=n, k=k, bits=4, group_size=128, zeros=True, experts=experts, fragments=packed
   )
   config = dataclasses.replace(grouped.grouped_config(problem, 132), mma=mma)
   tiles = kernel_lib.max_token_tiles(m, experts, config.tile_m)
+  weights = (  # an expert stack packed in WGMMA's register order, or (E, N, K) int4
+      jax.ShapeDtypeStruct((experts, k // 64, n // 64, 4, 128), jnp.int32)
+      if packed
+      else jax.ShapeDtypeStruct((experts, n, k), jnp.int4)
+  )
   args = (
       jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-      jax.ShapeDtypeStruct((experts, n, k), jnp.int4),
+      weights,
       jax.ShapeDtypeStruct((experts, k // 128, n), jnp.bfloat16),
       jax.ShapeDtypeStruct((experts, k // 128, n), jnp.bfloat16),
       None,
@@ -813,11 +821,14 @@ def test_grouped_default_runs_the_kernel_on_hopper_where_it_applies(monkeypatch,
     "m,experts,n,k,bits,group_size,symmetric,sizes",
     [
         (64, 8, 1000, 2048, 4, 128, True, [0, 13, 8, 8, 1, 20, 0, 10]),
-        (300, 4, 4096, 1024, 8, -1, False, [100, 0, 150, 40]),
+        (64, 8, 1024, 2048, 4, 128, False, [0, 13, 8, 8, 1, 20, 0, 10]),  # packed (wgmma)
+        (300, 4, 4096, 1024, 8, -1, False, [100, 0, 150, 40]),  # packed (wgmma)
     ],
 )
 def test_grouped_on_the_gpu(m, experts, n, k, bits, group_size, symmetric, sizes, mma):
   x, qw, group_sizes, ref = _grouped_case(13, m, experts, n, k, bits, group_size, symmetric, sizes)
+  if mma == "warp" and qw.fragments:  # warp MMA reads K blocks
+    qw = wo.block_weights(qw)
   problem = kernel_lib.WeightOnlyProblem(
       m=m, n=n, k=k, bits=bits, group_size=qw.group_size, zeros=not symmetric, experts=experts
   )
