@@ -78,7 +78,8 @@ class QuantizedWeight:
   """A (K, N) weight quantized for `quantized_matmul`: int4/int8 `values`, `scales`
   (K // group_size, N), `zeros` like `scales` or None; a pytree whose leaves are the
   arrays. `values` are (N, K) (K-major) with `k_block` 0, or (K / k_block, N, k_block)
-  (`quantize_weights`' default: K blocks whose rows are contiguous, what the kernel
+  (K blocks whose rows are contiguous), or with `fragments` `fragments.pack`'s int32
+  units in WGMMA's register order (`quantize_weights`' default on Hopper, what the kernel
   reads fastest); an expert stack's arrays carry a leading E.
 
   >>> qw = quantize_weights(jnp.ones((256, 8)), bits=4)
