@@ -11,9 +11,9 @@ which XLA stores two to a byte (low nibble first); a uint8 array of packed
 nibbles (N, K // 2) is accepted too (`bits=4`). Zero points are in the same
 signed domain: AWQ's unsigned q_u and z_u are q_u - 8 and z_u - 8 here.
 On a Hopper GPU `quantize_weights` packs int4 and int8 weights (N and K multiples of
-64; an expert stack too) in WGMMA's register order (`pack_fragments`, `pallas_gemm.fragments`: the kernel
-converts it with no relayout; int4 decode 5-19% faster, int8 0-8% at decode and 5-11%
-at prefill); other weights in K blocks,
+64; an expert stack too) in WGMMA's register order (`pack_fragments`,
+`pallas_gemm.fragments`: the kernel converts it with no relayout; int4 decode 5-19%
+faster, int8 0-8% at decode and 5-11% at prefill); other weights in K blocks,
 (K / 128, N, 128): each block's rows contiguous, so that every TMA box the kernel
 reads (weight rows x 128 K) is one contiguous run of memory (`block_weights` and
 `pack_fragments` convert (N, K) weights made elsewhere, once, at load time; the
@@ -156,17 +156,20 @@ def block_weights(qw: QuantizedWeight, k_block: int = K_BLOCK) -> QuantizedWeigh
 
 def pack_fragments(qw: QuantizedWeight) -> QuantizedWeight:
   """`qw` (an int4 or int8 (K, N) weight, or an (E, K, N) stack of experts' weights, N
-  and K multiples of 64) with its values packed in WGMMA's register order (`pallas_gemm.fragments`): the kernel converts them
-  without a relayout (int4 decode 5-15% faster on the H100, 15-19% on the H200, NOTES
-  exp. 91; int8 0-8% at decode and 5-11% at prefill on the H100, exp. 94); once, at
-  load time.
+  and K multiples of 64) with its values packed in WGMMA's register order
+  (`pallas_gemm.fragments`): the kernel converts them without a relayout (int4 decode
+  5-15% faster on the H100, 15-19% on the H200, NOTES exp. 91; int8 0-8% at decode and
+  5-11% at prefill on the H100, exp. 94; expert stacks 10-22%, exp. 97); once, at load
+  time.
 
   >>> qw = pack_fragments(quantize_weights(jnp.ones((256, 128)), bits=4))
   >>> qw.values.shape, qw.values.dtype, qw.shape
   ((4, 2, 4, 128), dtype('int32'), (256, 128))
   """
   if len(qw.shape) not in (2, 3):
-    raise ValueError(f"pack_fragments packs a (K, N) weight or an (E, K, N) stack, got {qw.shape}")
+    raise ValueError(
+        f"pack_fragments packs a (K, N) weight or an (E, K, N) stack, got shape {qw.shape}"
+    )
   if qw.fragments:
     return qw
   values = fragments.pack(qw.nk_values(), bits=qw.bits)
@@ -636,6 +639,15 @@ def pad_rows(values, rows: int):
   return jnp.pad(values, widths)
 
 
+def interpretable(qw: QuantizedWeight, problem):
+  """(qw, problem) as GPU interpret mode runs them: packed values (converted by inline
+  Mosaic GPU code, which the interpreter lacks) in K blocks instead; others as they are."""
+  if not qw.fragments:
+    return qw, problem
+  qw = block_weights(qw, K_BLOCK if problem.k % K_BLOCK == 0 else 0)
+  return qw, dataclasses.replace(problem, fragments=False, k_block=qw.k_block)
+
+
 def _rows(n: int, config) -> int:
   """N rounded up to whole weight tiles: the rows of a vector the kernel reads per tile."""
   return round_up(n, config.tile_n)
@@ -647,9 +659,7 @@ def _kernel_matmul(x, qw: QuantizedWeight, bias, problem, config, *, interpret: 
   bias and activation to its summed partials here; with "tile" all of it in the kernel."""
   if interpret:
     num_sms = INTERPRET_NUM_SMS
-    if qw.fragments:  # the interpreter has no inline Mosaic GPU code: K blocks instead
-      qw = block_weights(qw, K_BLOCK if problem.k % K_BLOCK == 0 else 0)
-      problem = dataclasses.replace(problem, fragments=False, k_block=qw.k_block)
+    qw, problem = interpretable(qw, problem)
   else:
     _compat.require_hopper("pallas_gemm.quantized_matmul (implementation='pallas')")
     num_sms = _compat.device_sm_count()

@@ -131,9 +131,7 @@ def quantized_ragged_dot(
   interpret = implementation == "interpret"
   if interpret:
     num_sms = num_sms or wo.INTERPRET_NUM_SMS
-    if qw.fragments:  # the interpreter has no inline Mosaic GPU code: K blocks instead
-      qw = wo.block_weights(qw, wo.K_BLOCK if k % wo.K_BLOCK == 0 else 0)
-      problem = dataclasses.replace(problem, fragments=False, k_block=qw.k_block)
+    qw, problem = wo.interpretable(qw, problem)
   else:
     _compat.require_hopper("pallas_gemm.quantized_ragged_dot (implementation='pallas')")
     num_sms = num_sms or _compat.device_sm_count() or kernel_lib.DEFAULT_NUM_SMS
