@@ -7,6 +7,8 @@
 #   bash benchmarks/run_device.sh time    # bf16 harness (3 shapes), training step, shape sweeps
 #   bash benchmarks/run_device.sh sweeps  # the shape sweeps alone, on a shorter budget (~6 min)
 #   bash benchmarks/run_device.sh heldout # the held-out sweep and every default checked (~5 min)
+#   bash benchmarks/run_device.sh audit   # the second held-out set (pallas_gemm/shapes/audit.json):
+#                                         # every default checked, then the sweep (~6 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
 #   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
@@ -94,6 +96,11 @@ case "${1:-}" in
     step sweep_heldout 300 3 python -u -m benchmarks.matmul --sweep heldout --budget-s 260 \
       --out "$OUT/heldout"
     ;;
+  audit)
+    step check_audit 150 2 python -u -m benchmarks.calibrate --check audit
+    step sweep_audit 330 3 python -u -m benchmarks.matmul --sweep audit --budget-s 290 \
+      --out "$OUT/audit"
+    ;;
   multi)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     step multi_gpu_tests 150 3 python -u -m pytest -q -m gpu tests/test_collective_matmul.py
@@ -144,7 +151,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
     exit 2
     ;;
 esac

@@ -22,6 +22,7 @@ def test_docstring_examples(module):
 @pytest.mark.slow
 def test_the_named_sweeps_exist_and_every_shape_can_be_tuned():
   assert shapes.sweep_names() == [
+      "audit",
       "fit",
       "heldout",
       "llm",
@@ -62,17 +63,21 @@ def test_sweeps_hold_the_shapes_the_issue_names():
   assert {s.layout for s in shapes.load_sweep("training")} == {"NN", "NT", "TN"}
 
 
-def test_held_out_shapes_are_in_no_fit_sweep_and_no_shipped_table_entry():
+@pytest.mark.parametrize("held_out_sweep", ["heldout", "audit"])
+def test_held_out_shapes_are_in_no_fit_sweep_and_no_shipped_table_entry(held_out_sweep):
   from pallas_gemm import tuning_cache
 
   fit = {
-      s.label for name in shapes.sweep_names() if name != "heldout" for s in shapes.load_sweep(name)
+      s.label
+      for name in shapes.sweep_names()
+      if name not in ("heldout", "audit")
+      for s in shapes.load_sweep(name)
   }
   tuned = {
       r.key.device_kind
       for r in tuning_cache.TuningCache(tuning_cache.PACKAGED_PATH).records().values()
   }
-  held_out = shapes.load_sweep("heldout")
+  held_out = shapes.load_sweep(held_out_sweep)
   assert len(held_out) >= 30
   for shape in held_out:
     assert shape.label not in fit, shape.label

@@ -1,7 +1,7 @@
 """Named GEMM shape sweeps, for the benchmark harness and the ahead-of-time tuner.
 
 A sweep is a JSON file in this folder (`llm`, `training`, `odd`, `tall_skinny_k`, and
-`heldout`: shapes no tuning or rule was fitted on, reported apart):
+`heldout` and `audit`: shapes no tuning or rule was fitted on, reported apart):
 
     {"description": "...",
      "defaults": {"dtype": "bfloat16", "layout": "NN"},
