@@ -368,7 +368,58 @@ def checks() -> list[Check]:
           ),
       ),
   ]
-  return checks + split_k_checks() + shipped_table_checks()
+  return checks + odd_row_checks() + split_k_checks() + shipped_table_checks()
+
+
+def odd_row_checks() -> list[Check]:
+  """Arrays whose rows are not a multiple of 8 (names contain "rows%8"): TMA copies them
+  through a row-wise view of the SMEM tile, unpadded, where the tile's rows are one
+  swizzle span (K-major A and B, 16-bit and fp8 epilogue tiles); the rest is still
+  padded (MN-major operands, f32 outputs and residuals), side by side in one kernel."""
+  odd = (1001, 1000)
+  return [
+      Check("NN rows%8 1001x1016x1000", odd, (1000, 1016)),
+      Check("NT rows%8 A and B 1001x1003x1000", odd, (1003, 1000), dict(transpose_b=True)),
+      Check("TT rows%8 (A padded) 1001x1000x1056", (1056, 1001), (1000, 1056),
+            dict(transpose_a=True, transpose_b=True)),
+      Check("NN rows%8 batch3 77x264x200", (3, 77, 200), (3, 200, 264)),
+      Check("NN rows%8 a-batched b-2D 3x13x200x64", (3, 13, 64), (64, 200)),
+      Check(
+          "NN rows%8 alpha,beta*c+bias+gelu+residual 1001x1016x1000",
+          odd,
+          (1000, 1016),
+          dict(bias=True, activation="gelu_tanh", alpha=0.5, beta=-1.5, residual="bfloat16"),
+          c_shape=(1001, 1016),
+      ),
+      Check(
+          "NN rows%8 f32 out+f32 residual (padded) 1001x1016x1000",
+          odd,
+          (1000, 1016),
+          dict(out_dtype="float32", residual="float32", row_bias=True),
+      ),
+      Check(
+          "NT rows%8 return_pre bias+gelu 1001x1016x520",
+          (1001, 520),
+          (1016, 520),
+          dict(transpose_b=True, bias=True, activation="gelu_tanh", return_pre=True),
+      ),
+      Check("NN rows%8 cluster21 1001x1016x1000", odd, (1000, 1016),
+            dict(config=GemmConfig(cluster=(2, 1)))),
+      Check("NN rows%8 cluster12 1001x1016x1000", odd, (1000, 1016),
+            dict(config=GemmConfig(cluster=(1, 2)))),
+      Check("NN rows%8 pingpong 1001x1016x1000", odd, (1000, 1016),
+            dict(config=GemmConfig(schedule="pingpong", tile_m=128, tile_n=128, stages=4))),
+      Check("NN rows%8 streamk 1001x1016x1000", odd, (1000, 1016),
+            dict(config=GemmConfig(stream_k=True))),
+      Check("NN rows%8 splitk3 41x136x1000", (41, 1000), (1000, 136),
+            dict(config=GemmConfig(tile_m=64, tile_n=128, wg_split="n", split_k=3))),
+      Check("NT rows%8 e4m3 1001x1016x1024", (1001, 1024), (1016, 1024),
+            dict(transpose_b=True), dtype="float8_e4m3fn"),
+      Check("NT rows%8 e4m3 out e4m3 1001x1016x1024", (1001, 1024), (1016, 1024),
+            dict(transpose_b=True, out_dtype="float8_e4m3fn", out_scale=0.25),
+            dtype="float8_e4m3fn"),
+      Check("NN rows%8 12345x1024x768", (12345, 768), (768, 1024)),
+  ]  # fmt: skip
 
 
 def split_k_checks() -> list[Check]:

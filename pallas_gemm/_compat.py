@@ -194,6 +194,17 @@ SUPPORTS_MIXED_FP8 = JAX_VERSION >= (0, 11, 0)
 SCALED_MATMUL_ON_CPU = JAX_VERSION >= (0, 11, 0)
 
 
+def is_ref_union(ref) -> bool:
+  """Whether a kernel ref is a `plgpu.RefUnion` (aliased SMEM views), by its type (a
+  ref with transforms, which is no union, has no abstract type of its own)."""
+  from jax._src.pallas.mosaic_gpu import core as gpu_core  # the only home of the class
+  from jax._src.state.types import TransformedRef
+
+  if isinstance(ref, TransformedRef):
+    return False
+  return isinstance(jax.typeof(ref), gpu_core.AbstractRefUnion)
+
+
 def load_registers(ref, layout, *, optimized: bool = False):
   """`ref` (SMEM or GMEM) read into registers in `layout`: element by element, or
   with `optimized` in the layout's vector loads (SMEM tiles Mosaic can address so).

@@ -49,7 +49,7 @@ from pallas_gemm.config import (
 )
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.tuner import resolve_config
-from pallas_gemm.hopper_gemm import hopper_gemm
+from pallas_gemm.hopper_gemm import epilogue_row_view, hopper_gemm, operand_row_views
 
 IMPLEMENTATIONS = (None, "auto", "pallas", "interpret", "xla")
 INTERPRET_NUM_SMS = 2
@@ -455,6 +455,9 @@ def tma_layout(a, b, problem, config, interpret):
 
   A and B share one swizzle. 128 bytes is preferred; 64 bytes is accepted when
   it avoids a copy (e.g. K=4000 bf16). Anything narrower is padded instead.
+  Rows that are not a multiple of 8 stay as they are where the kernel copies the
+  operand's tiles through a row-wise view (`hopper_gemm.operand_row_views`: K-major
+  tiles one swizzle span wide), and are zero-padded to 8 otherwise.
   In interpret mode everything is padded to whole tiles, because the
   interpreter drops partially out-of-bounds TMA stores and rejects
   out-of-bounds loads, and NaN poisoning of unwritten memory must stay on.
@@ -476,7 +479,11 @@ def tma_layout(a, b, problem, config, interpret):
     a_cols, b_cols = a.shape[-1], b.shape[-1]
   else:
     a_cols, b_cols = tma_operand_cols(a.shape[-1], dtype), tma_operand_cols(b.shape[-1], dtype)
-  return (pad_last2(a, tma_rows(a.shape[-2]), a_cols), pad_last2(b, tma_rows(b.shape[-2]), b_cols))
+  views = operand_row_views(problem, config, a_cols, b_cols)
+  a_rows, b_rows = (
+      x.shape[-2] if view is not None else tma_rows(x.shape[-2]) for x, view in zip((a, b), views)
+  )
+  return pad_last2(a, a_rows, a_cols), pad_last2(b, b_rows, b_cols)
 
 
 def _box_cols(cols, box, dtype, swizzle):
@@ -502,7 +509,10 @@ def out_extent(problem, config, interpret):
   cols = _box_cols(
       cols, config.tile_n, problem.out_dtype, smem.widest_swizzle(problem.out_dtype, en, cols)
   )
-  return tma_rows(problem.m), cols
+  rows = problem.m
+  if epilogue_row_view(problem.out_dtype, config, cols) is None:
+    rows = tma_rows(rows)
+  return rows, cols
 
 
 def residual_cols(dtype, cols, config):
@@ -525,9 +535,12 @@ def kernel_layout(name, x, problem, config, rows, cols):
         round_up(cols, config.tile_n * config.cluster[1]),
     )
     return pad_last2(x.astype(jnp.float32)[None], 1, extent)[0]
-  if OPERANDS[name].role == "scaled addend":
+  if OPERANDS[name].role == "scaled addend":  # loaded into the output's slots
     return pad_last2(x.astype(problem.out_dtype), rows, cols)
-  return pad_last2(x, rows, residual_cols(x.dtype, cols, config))
+  res_cols = residual_cols(x.dtype, cols, config)
+  if epilogue_row_view(x.dtype, config, res_cols) is None:
+    rows = tma_rows(rows)
+  return pad_last2(x, rows, res_cols)
 
 
 def interpret_config(config, problem):

@@ -78,6 +78,9 @@ class _Plan:
   """The mesh axis of its ring."""
   ring_size: int = 1
   """Devices along `ring_axis`: the device steps, each over one row chunk."""
+  copy_views: tuple = (None, None, None, None)
+  """TMA-side transforms of the A, B, output and residual tiles whose arrays' rows do
+  not come in groups of 8 (`smem.row_copy_transforms`), None where the rows do."""
 
   @property
   def splits(self) -> int:
@@ -415,8 +418,9 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
       scoped,
       ring_refs=pipeline.ring_scratch(
           cfg.stages,
-          [(a_block, a_gmem.dtype, p.a_transforms)]
-          + [(b_block, b_gmem.dtype, p.b_transforms)] * (1 if b_up_gmem is None else 2)
+          [(a_block, a_gmem.dtype, p.a_transforms, p.copy_views[0])]
+          + [(b_block, b_gmem.dtype, p.b_transforms, p.copy_views[1])]
+          * (1 if b_up_gmem is None else 2)
           + (
               [
                   ((1, tm), jnp.float32, ()),
@@ -437,6 +441,8 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
           residuals=len(residuals),
           residual_transforms=p.residual_transforms,
           amax=amax_gmem is not None,
+          out_copy_transforms=p.copy_views[2],
+          residual_copy_transforms=p.copy_views[3],
       ),
       collective_axes="wg",
   )
@@ -513,6 +519,50 @@ def _operand_transforms(problem: GemmProblem, config: GemmConfig, a_minor: int, 
           smem.tile_transforms(problem.dtype_b, width, (tn, tk), b_major),
       )
   return None
+
+
+def _tile_minors(problem: GemmProblem, config: GemmConfig, gated: bool) -> tuple[int, int]:
+  """Minor (contiguous) extents of the A and B ring tiles."""
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  b_cols = tn // 2 if gated else tn
+  return (tm if problem.transpose_a else tk), (tk if problem.transpose_b else b_cols)
+
+
+def operand_row_views(
+    problem: GemmProblem, config: GemmConfig, a_minor: int, b_minor: int, gated: bool = False
+) -> tuple:
+  """(A, B): the TMA views (`smem.row_copy_transforms`) the kernel would copy each
+  operand through if its array's rows were not a multiple of 8, None where its tiles
+  have no such view (the wrapper then pads the rows). `a_minor`, `b_minor`: the
+  arrays' minor extents."""
+  transforms = _operand_transforms(problem, config, a_minor, b_minor)
+  if transforms is None:
+    return None, None
+  minors = _tile_minors(problem, config, gated)
+  return tuple(smem.row_copy_transforms(t, m) for t, m in zip(transforms, minors))
+
+
+def epilogue_row_view(dtype, config: GemmConfig, cols: int):
+  """The TMA view of an epilogue tile (output, `c` or residual) of `dtype` for an array
+  `cols` wide whose rows are not a multiple of 8, or None (pad the rows)."""
+  em, en = config.epilogue_shape
+  swizzle = smem.widest_swizzle(dtype, en, cols)
+  if swizzle is None:
+    return None
+  return smem.row_copy_transforms(smem.tile_transforms(dtype, swizzle, (em, en)), en)
+
+
+def _copy_view(name: str, rows: int, view):
+  """`view` for an array of `rows` rows that TMA cannot tile by 8, else None; an
+  error where it is needed and there is none."""
+  if smem.rows_tileable(rows):
+    return None
+  if view is None:
+    raise ValueError(
+        f"{name}: {rows} rows, not a multiple of 8, and its SMEM tile's rows span "
+        "several swizzle spans (no row-wise TMA view): pad its rows to a multiple of 8"
+    )
+  return view
 
 
 def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> str:
@@ -732,6 +782,23 @@ def _launch(
     if res_swizzle is None:
       raise ValueError(f"residual {residual.shape} cannot be loaded by TMA; pad its minor dim")
     residual_transforms = smem.tile_transforms(residual.dtype, res_swizzle, (em, en))
+  a_view, b_view = operand_row_views(problem, config, a.shape[-1], b.shape[-1], b_up is not None)
+  copy_views = (
+      _copy_view("a", a.shape[-2], a_view),
+      _copy_view("b", b.shape[-2], b_view),
+      _copy_view("the output", problem.m, epilogue_row_view(problem.out_dtype, config, problem.n)),
+      None
+      if residual is None
+      else _copy_view(
+          "residual",
+          residual.shape[-2],
+          epilogue_row_view(residual.dtype, config, residual.shape[-1]),
+      ),
+  )
+  if (all_gather or reduce_scatter) and any(copy_views):
+    raise ValueError(
+        "all_gather / reduce_scatter: the rows of a, b and the output must be a multiple of 8"
+    )
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
   num_sms -= num_sms % config.cluster_size
   plan = _Plan(
@@ -747,6 +814,7 @@ def _launch(
       ring_kind=ring_kind,
       ring_axis=ring[0] if ring else None,
       ring_size=ring[1] if ring else 1,
+      copy_views=copy_views,
   )
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from pallas_gemm import _compat
 from pallas_gemm import kernel_trace
+from pallas_gemm import smem as smem_lib
 
 MEMORY_REGISTERS = 40
 """Registers per thread left to the producer warpgroup (setmaxnreg)."""
@@ -62,15 +63,16 @@ def ring_scratch(
 
   Args:
     stages: ring depth.
-    buffers: (tile_shape, dtype, transforms) per operand copied into each stage.
+    buffers: (tile_shape, dtype, transforms) per operand copied into each stage, or
+      (tile_shape, dtype, transforms, copy_transforms): the TMA copies then go through
+      a second view of the same bytes (`smem.tile_buffer`; rows not in groups of 8).
     consumers: the consumer warpgroups that release each stage.
     cluster: the stages are shared with the other CTAs of a cluster (TMA
       multicast): `consumed` is a cluster barrier, so that a CTA refills a slot
       only once every CTA that reads the multicast copy has released it.
   """
   smem = tuple(
-      plgpu.SMEM((stages, *shape), dtype, transforms=transforms)
-      for shape, dtype, transforms in buffers
+      smem_lib.tile_buffer((stages, *shape), dtype, *spec) for shape, dtype, *spec in buffers
   )
   if cluster:
     consumed = plgpu.ClusterBarrier(
@@ -94,21 +96,27 @@ class Ring:
   every consumer waits for `loaded[slot]` and arrives on `consumed[slot]` once
   its WGMMA has read the stage. Every phase of every barrier is waited on by
   every thread that waits on it (Pallas tracks barrier phases per thread).
+  `buffers` are the views WGMMA reads, `copies` those TMA writes (the same refs
+  unless a buffer has two views, `smem.tile_buffer`).
   """
 
   buffers: tuple
   loaded: Any
   consumed: Any
   stages: int
+  copies: tuple
 
   @classmethod
   def of(cls, scratch: dict) -> "Ring":
     """The ring over the refs that `ring_scratch`'s allocations became."""
+    views = [smem_lib.copy_and_register_views(ref) for ref in scratch["buffers"]]
+    buffers = tuple(register for _, register in views)
     return cls(
-        tuple(scratch["buffers"]),
+        buffers,
         scratch["loaded"],
         scratch["consumed"],
-        scratch["buffers"][0].shape[0],
+        buffers[0].shape[0],
+        tuple(copy for copy, _ in views),
     )
 
   def slot(self, step):
@@ -137,7 +145,7 @@ class Ring:
 
     collective = tuple(collective) or (None,) * len(sources)
     with jax.named_scope("tma_issue"):
-      for source, buffer, axes in zip(sources, self.buffers, collective, strict=True):
+      for source, buffer, axes in zip(sources, self.copies, collective, strict=True):
         plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot], collective_axes=axes)
 
   def drain(self, steps) -> None:

@@ -16,6 +16,17 @@ swizzle span too), and the narrowing to a swizzle both operands share.
 >>> widest_swizzle(jnp.bfloat16, 8, 4096) is None   # 16 bytes: below every swizzle
 True
 
+A TMA-copied array's rows must come in whole groups of 8 (Mosaic tiles the GMEM
+array by the SMEM tile's (8, span) tiling). Where each row of a tile is exactly one
+swizzle span, the same bytes are also a (1, span) tiling, which any row count allows:
+`row_copy_transforms` gives that view for the TMA copies, `tile_buffer` allocates the
+two views over one buffer, and `copy_and_register_views` splits them in the kernel.
+
+>>> row_copy_transforms(tile_transforms(jnp.bfloat16, 128, (128, 64)), 64)[0].tiling
+(1, 64)
+>>> row_copy_transforms(tile_transforms(jnp.bfloat16, 128, (64, 256), "MN"), 256) is None
+True
+
 The budget: `footprint` sums a kernel's buffers as Mosaic allocates them, and
 `deepest` picks the deepest ring that fits.
 
@@ -29,6 +40,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 import layouts
+from pallas_gemm import _compat
 
 SWIZZLE_BYTES = (128, 64, 32)
 """Swizzle widths that WGMMA and TMA both accept, widest first."""
@@ -119,6 +131,51 @@ def widest_swizzle(dtype, tile_minor: int, *array_minors: int) -> int | None:
   """
   spec = operand_spec(dtype, (8, tile_minor), "K", *array_minors)
   return None if spec is None else spec.swizzle
+
+
+def rows_tileable(rows: int) -> bool:
+  """Whether TMA, as Mosaic tiles a GMEM array, can copy an array with this many rows
+  (its second-minor extent) through an (8, span)-tiled tile: a multiple of 8, or < 8."""
+  return rows < 8 or rows % 8 == 0
+
+
+def row_copy_transforms(transforms: tuple, tile_minor: int) -> tuple | None:
+  """The TMA-side view of an SMEM tile with `transforms` ((8, span) tiling, swizzle)
+  for an array whose row count is not a multiple of 8: the (1, span) tiling of the
+  same bytes, when each of the tile's rows is one swizzle span (`tile_minor` ==
+  span: row r at r * swizzle bytes either way). None when the layouts differ (a
+  row of several spans) or the tile is not swizzled.
+
+  Checked on the H100 (scratch probe, 2026-11-28): TMA loads and stores through the
+  (1, 64) view of a 128-byte-swizzled bf16 tile that WGMMA and registers use
+  through the (8, 64) view, at 9, 13, 61 and 64 rows: exact to bf16 rounding.
+  """
+  if len(transforms) != 2:
+    return None
+  tiling, swizzle = transforms
+  if not isinstance(tiling, plgpu.TilingTransform) or tiling.tiling[-1] != tile_minor:
+    return None
+  return (plgpu.TilingTransform((1, tile_minor)), swizzle)
+
+
+def tile_buffer(shape, dtype, transforms, copy_transforms=None):
+  """SMEM of `shape` with `transforms`; with `copy_transforms`, a union of two views of
+  the same bytes: (TMA copies' view, WGMMA and registers' view)."""
+  if copy_transforms is None:
+    return plgpu.SMEM(shape, dtype, transforms=transforms)
+  return plgpu.RefUnion(
+      plgpu.SMEM(shape, dtype, transforms=copy_transforms),
+      plgpu.SMEM(shape, dtype, transforms=transforms),
+  )
+
+
+def copy_and_register_views(ref) -> tuple:
+  """(TMA view, WGMMA/register view) of a `tile_buffer`'s ref: the union's two, or
+  the ref twice."""
+  if _compat.is_ref_union(ref):
+    copy_view, register_view = ref
+    return copy_view, register_view
+  return ref, ref
 
 
 def tile_transforms(dtype, swizzle: int, tile_shape=None, major: str = "K") -> tuple:

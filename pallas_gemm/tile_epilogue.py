@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import operands
+from pallas_gemm import smem
 from pallas_gemm.operands import OPERANDS
 
 
@@ -72,11 +73,15 @@ def scratch(
     residuals,
     residual_transforms,
     amax,
+    out_copy_transforms=None,
+    residual_copy_transforms=None,
 ):
   """The SMEM buffers and barriers of the epilogue (None where unused), by name: the
   keyword arguments of `build`, for `pl.run_scoped`. `vectors`: the vector operands
   present (`operands.VECTORS`), each staged as `{name}_smem` (two tiles' worth, f32)
-  with its barrier `{name}_loaded`."""
+  with its barrier `{name}_loaded`. `out_copy_transforms` / `residual_copy_transforms`:
+  a second, TMA-side view of the output / residual slots (`smem.tile_buffer`), for
+  arrays whose rows are not a multiple of 8."""
   em, en = config.epilogue_shape
   wm, wn = config.wg_tile
   slots = config.epilogue_slots
@@ -88,12 +93,15 @@ def scratch(
     staged[f"{name}_loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=2) if present else None
   return dict(
       staged,
-      out_smem=plgpu.SMEM((2, slots, em, en), out_dtype, transforms=out_transforms),
+      out_smem=smem.tile_buffer((2, slots, em, en), out_dtype, out_transforms, out_copy_transforms),
       c_loaded=plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots) if c else None,
       res_smem=None
       if residual_dtype is None
-      else plgpu.SMEM(
-          (2, slots, residuals, em, en), residual_dtype, transforms=residual_transforms
+      else smem.tile_buffer(
+          (2, slots, residuals, em, en),
+          residual_dtype,
+          residual_transforms,
+          residual_copy_transforms,
       ),
       res_loaded=None
       if residual_dtype is None
@@ -150,6 +158,12 @@ def build(
   wm, wn = cfg.wg_tile
   slots = cfg.epilogue_slots
   out_dtype = out_gmem.dtype
+  # TMA copies go through the copy views, registers through the others (the same
+  # refs unless the rows of an array are not a multiple of 8: `smem.tile_buffer`).
+  out_copy, out_smem = smem.copy_and_register_views(out_smem)
+  res_copy = None
+  if res_smem is not None:
+    res_copy, res_smem = smem.copy_and_register_views(res_smem)
   chunks = (wm // em) * (wn // en)  # epilogue chunks of a warpgroup tile
   present = [name for name in operands.VECTORS if staged[f"{name}_smem"] is not None]
   bias_smem, bias_loaded = staged["bias_smem"], staged["bias_loaded"]  # the gated epilogue's
@@ -164,7 +178,7 @@ def build(
     for r, source in enumerate(residuals):
       plgpu.copy_gmem_to_smem(
           at(source, batch_idx, *chunk_window(chunk, row0, col0)),
-          res_smem.at[wg, slot, r],
+          res_copy.at[wg, slot, r],
           res_loaded.at[wg * slots + slot],
       )
 
@@ -200,7 +214,7 @@ def build(
       for j in range(wn // en):
         store = (i * (wn // en) + j) * per_chunk
         out_slot = store % slots
-        buf = out_smem.at[wg, out_slot]
+        buf, buf_copy = out_smem.at[wg, out_slot], out_copy.at[wg, out_slot]
         rows, cols = pl.ds(row0 + i * em, em), pl.ds(col0 + j * en, en)
         plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
         c_tile = res_tile = None
@@ -209,7 +223,7 @@ def build(
         if res_smem is not None:  # loaded with the vectors, or after chunk - slots
           res_barrier = res_loaded.at[wg * slots + chunk % slots]
         if c_gmem is not None:
-          plgpu.copy_gmem_to_smem(at(c_gmem, batch_idx, rows, cols), buf, c_loaded.at[barrier])
+          plgpu.copy_gmem_to_smem(at(c_gmem, batch_idx, rows, cols), buf_copy, c_loaded.at[barrier])
           plgpu.barrier_wait(c_loaded.at[barrier])
           c_tile = buf[...]
         chunk_of = lambda name: _vector_chunk(name, staged[f"{name}_smem"], wg, i, j, em, en)
@@ -238,8 +252,8 @@ def build(
             second = epilogue_lib.up_cotangent(p.epilogue, y, gate=res_tile[0])
           buf[...] = second.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(buf, at(pre_gmem, batch_idx, rows, cols))
-          buf = out_smem.at[wg, (store + 1) % slots]
+          plgpu.copy_smem_to_gmem(buf_copy, at(pre_gmem, batch_idx, rows, cols))
+          buf, buf_copy = out_smem.at[wg, (store + 1) % slots], out_copy.at[wg, (store + 1) % slots]
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
         y = epilogue_lib.finish(
             p.epilogue,
@@ -261,7 +275,7 @@ def build(
         y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
         buf[...] = y.astype(out_dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(buf, at(out_gmem, batch_idx, rows, cols))
+        plgpu.copy_smem_to_gmem(buf_copy, at(out_gmem, batch_idx, rows, cols))
         if res_smem is not None and chunk + slots < chunks:
           # This chunk's residual slot is free (commit_smem ordered every read of it):
           # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
@@ -306,7 +320,7 @@ def build(
           plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
           buf[...] = value.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(buf, at(target, batch_idx, rows, cols))
+          plgpu.copy_smem_to_gmem(out_copy.at[wg, store % slots], at(target, batch_idx, rows, cols))
           store += 1
 
   def _row_abs_max(y, first_col):

@@ -129,6 +129,41 @@ def test_odd_shapes(m, n, k):
   assert _export(a, b).out_avals[0].shape == (m, n)
 
 
+@pytest.mark.parametrize(
+    "layout,config,batch",
+    [
+        ("NN", None, ()),
+        ("NT", None, ()),
+        ("NN", GemmConfig(cluster=(1, 2)), ()),
+        ("NN", GemmConfig(cluster=(2, 1)), ()),
+        ("NN", PINGPONG, ()),
+        ("NN", GemmConfig(stream_k=True), ()),
+        ("NN", None, (3,)),
+    ],
+)
+def test_rows_not_a_multiple_of_8_are_copied_without_padding(layout, config, batch):
+  """K-major operands and 16-bit outputs with 1001 rows: TMA through the row-wise SMEM
+  view (`smem.row_copy_transforms`), so no pad of A (or B, NT) and no output slice."""
+  n = 1024 if layout == "NN" else 1003  # NT: B's rows too (its columns: the padded output's)
+  a, b = _shapes(1001, n, 1024, False, layout == "NT", batch)
+  kw = dict(transpose_b=layout == "NT", config=config)
+  exported = _export(a, b, c_shape=(*batch, 1001, n), beta=1.0, **kw)
+  text = exported.mlir_module()
+  launch = next(line for line in text.splitlines() if "func.func private @_launch(" in line)
+  lead = "".join(f"{d}x" for d in batch)
+  b_stored = f"{n}x1024" if layout == "NT" else f"1024x{n}"
+  assert f"tensor<{lead}1001x1024xbf16>" in launch and f"tensor<{lead}{b_stored}xbf16>" in launch
+  if layout == "NN":  # and the output is not cut out of a padded one (NT: 1003 columns are)
+    assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
+
+
+def test_rows_not_a_multiple_of_8_are_padded_where_the_tile_has_no_row_view():
+  """A transposed A (MN-major tile, rows of several spans) and an f32 output keep the
+  zero padding: one pad (A) and the output's slice."""
+  text = _export((1024, 1001), (1024, 1024), transpose_a=True, out_dtype="float32").mlir_module()
+  assert text.count("stablehlo.pad") == 1 and "stablehlo.slice" in text
+
+
 # -- rejected configurations: our ValueError, naming the field ----------------
 @pytest.mark.parametrize(
     "fields,field",
