@@ -109,10 +109,12 @@ def gated_linear_unit(
   out_dtype = jnp.dtype(out_dtype or x.dtype).name
   dtype = x.dtype.name
   rows = math.prod(x.shape[:-1])
-  implementation = _resolve(implementation, config, GemmProblem(m=rows, n=2 * n, k=k, dtype=dtype))
+  implementation, rounded = _resolve(
+      implementation, config, GemmProblem(m=rows, n=2 * n, k=k, dtype=dtype)
+  )
   if dtype not in DTYPES or out_dtype not in DTYPES or 0 in (rows, n, k):
     implementation = "xla"
-  static = _Static(activation, implementation, dtype, out_dtype, config)
+  static = _Static(activation, implementation, dtype, out_dtype, config, rounded)
   y = _glu(
       static,
       x.reshape(rows, k),
@@ -132,6 +134,9 @@ class _Static:
   dtype: str
   out_dtype: str
   config: GemmConfig | None
+  rounded: bool = False
+  """XLA: the products are rounded to `out_dtype` before the epilogue (a routed decode
+  step, as `matmul`'s: NOTES exps. 81, 99)."""
 
 
 # -- the forward GEMM ----------------------------------------------------------
@@ -169,8 +174,10 @@ def gated_gemm(
     implementation,
     config=None,
     return_pre=False,
+    product_dtype=None,
 ):
-  """The forward of `gated_linear_unit` on 2-D x: y, or (y, gate pre, up pre)."""
+  """The forward of `gated_linear_unit` on 2-D x: y, or (y, gate pre, up pre);
+  `product_dtype`: XLA's products' dtype before the f32 epilogue (None: f32)."""
   m, k = x.shape
   n = w_gate.shape[1]
   spec = epilogue_lib.EpilogueSpec(activation=activation, gated=True)
@@ -178,7 +185,9 @@ def gated_gemm(
     pres = [
         epilogue_lib.affine(
             spec,
-            jnp.matmul(x, w, preferred_element_type=jnp.float32),
+            jnp.matmul(x, w, preferred_element_type=product_dtype or jnp.float32).astype(
+                jnp.float32
+            ),
             bias=b,
         )
         for w, b in ((w_gate, bias_gate), (w_up, bias_up))
@@ -244,6 +253,7 @@ def _forward(static, x, w_gate, w_up, bias_gate, bias_up, *, return_pre):
       implementation=static.implementation,
       config=static.config,
       return_pre=return_pre,
+      product_dtype=static.out_dtype if static.rounded else None,
   )
 
 
@@ -306,14 +316,20 @@ _glu.defvjp(_fwd, _bwd)
 
 
 # -- the gated MLP: the backward's elementwise pass in the down projection's dH GEMM --
-def _resolve(implementation, config, up: GemmProblem) -> str:
-  """None/"auto": the kernel on a Hopper GPU where `route` gives the up projection `up`
-  (gate and up side by side) to it or a config asks for it, else XLA; others as given."""
+def _resolve(implementation, config, up: GemmProblem) -> tuple[str, bool]:
+  """(implementation, rounded). None/"auto": the kernel on a Hopper GPU where `route`
+  gives the up projection `up` (gate and up side by side) to it or a config asks for it,
+  else XLA; others as given. `rounded`: a decode step routed to XLA, whose products are
+  rounded to the output dtype before the epilogue, as `matmul`'s routed decode (at M = 1
+  an f32 product made the gate and up GEMV 15% slower on the H100, NOTES exp. 99)."""
   if implementation not in (None, "auto"):
-    return implementation
+    return implementation, False
   if not _compat.on_hopper():
-    return "xla"
-  return "pallas" if config is not None else route.choose(up)[0]
+    return "xla", False
+  if config is not None:
+    return "pallas", False
+  implementation = route.choose(up)[0]
+  return implementation, implementation == "xla" and route.is_decode(up)
 
 
 def gated_mlp(
@@ -382,12 +398,14 @@ def gated_mlp(
     raise ValueError(f"residual must have shape {out_shape}, got {jnp.shape(residual)}")
   dtype = x.dtype.name
   rows = math.prod(x.shape[:-1])
-  implementation = _resolve(implementation, None, GemmProblem(m=rows, n=2 * h, k=d, dtype=dtype))
+  implementation, rounded = _resolve(
+      implementation, None, GemmProblem(m=rows, n=2 * h, k=d, dtype=dtype)
+  )
   if dtype not in DTYPES or 0 in (rows, d, h, d_out):
     implementation = "xla"
   if not isinstance(fuse_backward, bool):
     raise TypeError(f"fuse_backward must be a bool, got {fuse_backward!r}")
-  static = _MlpStatic(activation, implementation, dtype, fuse_backward)
+  static = _MlpStatic(activation, implementation, dtype, fuse_backward, rounded)
   y = _gated_mlp(
       static,
       x.reshape(rows, d),
@@ -440,7 +458,8 @@ def _mlp_forward(
 ):
   pres = _forward(static.unit, x, w_gate, w_up, bias_gate, bias_up, return_pre=keep_pre)
   hidden, pres = (pres[0], pres[1:]) if keep_pre else (pres, None)
-  call = GemmCall(static.dtype, static.implementation)
+  # A routed decode step lets the down projection route itself (its product rounded too).
+  call = GemmCall(static.dtype, "auto" if static.rounded else static.implementation)
   y = sharding.gemm(call, hidden, w_down, bias=bias_down, residual=residual)
   return y, hidden, pres
 
@@ -451,11 +470,13 @@ class _MlpStatic:
   implementation: str
   dtype: str
   fuse_backward: bool
+  rounded: bool = False
+  """As `_Static.rounded`."""
 
   @property
   def unit(self) -> _Static:
     """The static arguments of the gated unit inside the block."""
-    return _Static(self.activation, self.implementation, self.dtype, self.dtype, None)
+    return _Static(self.activation, self.implementation, self.dtype, self.dtype, None, self.rounded)
 
 
 @jax.tree_util.register_static

@@ -115,3 +115,18 @@ def test_routed_decode_rounds_the_product_as_jnp_dot_does(pretend_gpu):
       (1, 2048),
   )
   assert prefill.endswith("f32>")  # asked for XLA: the f32 epilogue on the f32 product
+
+
+def test_the_gated_mlp_routed_at_decode_rounds_its_products_too(pretend_gpu):
+  # The Llama model's 1-token forward on the H200 ran the gated MLP's XLA route at 0.89x
+  # nnx's: its gate and up products were f32 (NOTES exp. 99). Now all three GEMMs of a
+  # routed decode step give bf16 products, as nnx's layers; asked for XLA, f32 as before.
+  shapes = ((1, 2048), (2048, 5632), (2048, 5632), (5632, 2048), (1, 2048))
+  mlp = lambda x, wg, wu, wd, r: pallas_gemm.gated_mlp(x, wg, wu, wd, residual=r)
+  assert all(t.endswith("bf16>") for t in _dot_result_types(mlp, *shapes))
+  unit = lambda x, wg, wu: pallas_gemm.gated_linear_unit(x, wg, wu)
+  assert all(t.endswith("bf16>") for t in _dot_result_types(unit, *shapes[:3]))
+  asked = lambda x, wg, wu, wd, r: pallas_gemm.gated_mlp(
+      x, wg, wu, wd, residual=r, implementation="xla"
+  )
+  assert all(t.endswith("f32>") for t in _dot_result_types(asked, *shapes))
