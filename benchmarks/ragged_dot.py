@@ -68,12 +68,16 @@ CHECK_CASES = (
     (2048, 512, 256, (0, 2048, 0), True),
     (200, 256, 128, (1,) * 64 + (100,), False),  # many groups per tile
     (1000, 256, 128, (700, 700, 5), True),  # sum > M: cut at M
+    # rows not a multiple of 8: lhs and output through the row-wise TMA view, unpadded
+    (1001, 1024, 512, (300, 0, 500, 201), False),
+    (12345, 1024, 512, (4000, 8000, 345), True),
 )
 
 
 GRAD_CHECK_CASES = (
     (1000, 1016, 1000, (300, 0, 0, 511, 150), False),  # 39 tail rows, an empty group
     (4096, 2048, 512, (5, 1, 1, 3, 2000, 0, 1000, 7), True),
+    (1001, 1024, 512, (300, 0, 500, 150), False),  # odd rows (dlhs: the row views too)
 )
 
 

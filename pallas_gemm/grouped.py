@@ -38,6 +38,7 @@ from pallas_gemm.ragged_gemm import (
     RaggedProblem,
     default_ragged_config,
     ragged_gemm,
+    row_views,
 )
 from pallas_gemm.ragged_tgmm import TgmmProblem, default_tgmm_config, ragged_tgmm
 
@@ -223,14 +224,24 @@ def ragged_layout(lhs, rhs, transpose_rhs, out_dtype, config, interpret):
     lhs_cols, rhs_cols = tma_operand_cols(lhs.shape[-1], dtype), tma_operand_cols(
         rhs.shape[-1], dtype
     )
-  lhs = pad_last2(lhs, tma_rows(m), lhs_cols)
-  rhs = pad_last2(rhs, tma_rows(rhs.shape[-2]), rhs_cols)
   # Output columns: a whole number of boundary staging chunks, because Mosaic
   # tiles the unswizzled staging buffer (64, sn) by its full width, and a TMA
   # store from it needs the GMEM minor extent to be a multiple of that tile.
   sn = config.stage_cols(out_dtype)
   cols = n if n % sn == 0 else round_up(n, sn)
-  return lhs, rhs, tma_rows(m), cols
+  # Rows that are not a multiple of 8 stay where the kernel has a row-wise TMA view of
+  # the tile (`ragged_gemm.row_views`; as `matmul`'s, DESIGN.md "odd shapes").
+  lhs_view, out_view = row_views(
+      dtype,
+      out_dtype,
+      config,
+      smem.widest_swizzle(dtype, tk, lhs_cols, rhs_cols),
+      smem.widest_swizzle(out_dtype, config.epilogue_tile[1], cols),
+  )
+  rows = m if lhs_view and out_view else tma_rows(m)  # lhs and output share the row extent
+  lhs = pad_last2(lhs, rows, lhs_cols)
+  rhs = pad_last2(rhs, tma_rows(rhs.shape[-2]), rhs_cols)
+  return lhs, rhs, rows, cols
 
 
 def _run_kernel(lhs, rhs, group_sizes, transpose_rhs, out_dtype, config, interpret):

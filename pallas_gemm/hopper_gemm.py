@@ -552,19 +552,6 @@ def epilogue_row_view(dtype, config: GemmConfig, cols: int):
   return smem.row_copy_transforms(smem.tile_transforms(dtype, swizzle, (em, en)), en)
 
 
-def _copy_view(name: str, rows: int, view):
-  """`view` for an array of `rows` rows that TMA cannot tile by 8, else None; an
-  error where it is needed and there is none."""
-  if smem.rows_tileable(rows):
-    return None
-  if view is None:
-    raise ValueError(
-        f"{name}: {rows} rows, not a multiple of 8, and its SMEM tile's rows span "
-        "several swizzle spans (no row-wise TMA view): pad its rows to a multiple of 8"
-    )
-  return view
-
-
 def _kernel_name(problem: GemmProblem, epilogue: epilogue_lib.EpilogueSpec) -> str:
   """The kernel's symbol in profiles: problem and layout, e.g. `pallas_gemm_4096x512x64_NT`."""
   layout = ("T" if problem.transpose_a else "N") + ("T" if problem.transpose_b else "N")
@@ -784,12 +771,14 @@ def _launch(
     residual_transforms = smem.tile_transforms(residual.dtype, res_swizzle, (em, en))
   a_view, b_view = operand_row_views(problem, config, a.shape[-1], b.shape[-1], b_up is not None)
   copy_views = (
-      _copy_view("a", a.shape[-2], a_view),
-      _copy_view("b", b.shape[-2], b_view),
-      _copy_view("the output", problem.m, epilogue_row_view(problem.out_dtype, config, problem.n)),
+      smem.row_copy_view("a", a.shape[-2], a_view),
+      smem.row_copy_view("b", b.shape[-2], b_view),
+      smem.row_copy_view(
+          "the output", problem.m, epilogue_row_view(problem.out_dtype, config, problem.n)
+      ),
       None
       if residual is None
-      else _copy_view(
+      else smem.row_copy_view(
           "residual",
           residual.shape[-2],
           epilogue_row_view(residual.dtype, config, residual.shape[-1]),

@@ -453,10 +453,15 @@ class StoreSlots:
   def in_flight(self, chunks_per_tile: int) -> int:
     return self.slots - 1 if chunks_per_tile % self.slots == 0 else 0
 
-  def store(self, smem_slots, index: int, value, destination, *, in_flight: int) -> None:
-    """Writes `value` to slot `index % slots` of `smem_slots` and TMA-stores it."""
-    buffer = smem_slots.at[index % self.slots]
+  def store(
+      self, smem_slots, index: int, value, destination, *, in_flight: int, copy_slots=None
+  ) -> None:
+    """Writes `value` to slot `index % slots` of `smem_slots` and TMA-stores it (through
+    the same slot of `copy_slots`, the TMA view of the slots, when given:
+    `smem.tile_buffer`)."""
+    slot = index % self.slots
+    buffer = smem_slots.at[slot]
     plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)
     buffer[...] = value
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(buffer, destination)
+    plgpu.copy_smem_to_gmem(buffer if copy_slots is None else copy_slots.at[slot], destination)

@@ -255,6 +255,9 @@ class _Plan:
   config: RaggedConfig
   ab_swizzle: int
   out_swizzle: int
+  copy_views: tuple = (None, None)
+  """TMA views of the lhs and output tiles where those arrays' rows are not a multiple
+  of 8 (`smem.row_copy_transforms`), else None."""
 
   @property
   def k_iters(self) -> int:
@@ -385,6 +388,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
   def scoped(ring_refs, out_smem, stage_smem):
     ring = pipeline.Ring.of(ring_refs)
     wg = lax.axis_index("wg")
+    out_copy, out_smem = smem.copy_and_register_views(out_smem)
 
     def producer():
       decode = _item_decoder(sizes_gmem, p)
@@ -473,6 +477,7 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
               y.astype(out_dtype),
               out_gmem.at[pl.ds(row0, em), pl.ds(ni * tn + j * en, en)],
               in_flight=in_flight,
+              copy_slots=out_copy.at[wg],
           )
 
       @pl.when(jnp.logical_not(full) & (hi > lo))
@@ -503,17 +508,37 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
       scoped,
       ring_refs=pipeline.ring_scratch(
           cfg.stages,
-          [((tm, tk), in_dtype, ab_tf), (rhs_block, in_dtype, ab_tf)]
+          [((tm, tk), in_dtype, ab_tf, p.copy_views[0]), (rhs_block, in_dtype, ab_tf)]
           + (
               [((1, tm), jnp.float32, ()), ((1, B_SCALE_BOX), jnp.float32, ())]
               if prob.block_scaled
               else []
           ),
       ),
-      out_smem=plgpu.SMEM((pipeline.CONSUMERS, slots, em, en), out_dtype, transforms=out_tf),
+      out_smem=smem.tile_buffer(
+          (pipeline.CONSUMERS, slots, em, en), out_dtype, out_tf, p.copy_views[1]
+      ),
       stage_smem=plgpu.SMEM((pipeline.CONSUMERS, em, sn), out_dtype),
       collective_axes="wg",
   )
+
+
+def row_views(dtype, out_dtype, config: RaggedConfig, ab_swizzle, out_swizzle) -> tuple:
+  """(lhs, output): the TMA views the kernel copies those arrays' tiles through when their
+  rows are not a multiple of 8 (`smem.row_copy_transforms`), None where a tile has none
+  (its rows are then padded). `ab_swizzle`, `out_swizzle`: the swizzles in use (None:
+  no view)."""
+  views = []
+  for tile_dtype, swizzle, minor in (
+      (dtype, ab_swizzle, config.tile_k),
+      (out_dtype, out_swizzle, config.epilogue_tile[1]),
+  ):
+    views.append(
+        None
+        if swizzle is None
+        else smem.row_copy_transforms(smem.tile_transforms(tile_dtype, swizzle), minor)
+    )
+  return tuple(views)
 
 
 @compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
@@ -550,8 +575,13 @@ def ragged_gemm(
   out_swizzle = smem.widest_swizzle(problem.out_dtype, en, problem.n)
   if out_swizzle is None:
     raise ValueError(f"N={problem.n} cannot be stored by TMA; pad it to a multiple of 16 bytes")
+  lhs_view, out_view = row_views(problem.dtype, problem.out_dtype, config, ab_swizzle, out_swizzle)
+  copy_views = (
+      smem.row_copy_view("lhs", lhs.shape[0], lhs_view),
+      smem.row_copy_view("the output", problem.rows, out_view),
+  )
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
-  plan = _Plan(problem, config, ab_swizzle, out_swizzle)
+  plan = _Plan(problem, config, ab_swizzle, out_swizzle, copy_views)
   kernel = pipeline.launch(
       compile_once.named_body(
           "pallas_gemm_ragged" + ("_blockwise" if problem.block_scaled else ""), _kernel, p=plan

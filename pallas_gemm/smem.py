@@ -158,6 +158,20 @@ def row_copy_transforms(transforms: tuple, tile_minor: int) -> tuple | None:
   return (plgpu.TilingTransform((1, tile_minor)), swizzle)
 
 
+def row_copy_view(name: str, rows: int, view):
+  """`view` (from `row_copy_transforms`) for an array of `rows` rows that TMA cannot
+  tile by 8, None where it can; an error naming the array where a view is needed and
+  there is none (the wrapper pads such rows)."""
+  if rows_tileable(rows):
+    return None
+  if view is None:
+    raise ValueError(
+        f"{name}: {rows} rows, not a multiple of 8, and its SMEM tile's rows span "
+        "several swizzle spans (no row-wise TMA view): pad its rows to a multiple of 8"
+    )
+  return view
+
+
 def tile_buffer(shape, dtype, transforms, copy_transforms=None):
   """SMEM of `shape` with `transforms`; with `copy_transforms`, a union of two views of
   the same bytes: (TMA copies' view, WGMMA and registers' view)."""

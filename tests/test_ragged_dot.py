@@ -173,6 +173,21 @@ def test_export_odd_shapes(m, k, n, g, transpose_rhs):
   assert _export(m, k, n, g, transpose_rhs=transpose_rhs).out_avals[0].shape == (m, n)
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_rows_not_a_multiple_of_8_are_neither_padded_nor_cut(transpose_rhs):
+  """A routed-token count like 12345: lhs and the output go through the kernel's
+  row-wise TMA views (`ragged_gemm.row_views`), so no pad of lhs and no output slice,
+  f32 outputs too (64 x 32 chunks: one span a row); 128-wide K tiles (two spans a row)
+  have no such view and keep the padding."""
+  for out in (None, jnp.float32):
+    kw = dict(transpose_rhs=transpose_rhs, preferred_element_type=out)
+    text = _export(12345, 2048, 1024, 8, **kw).mlir_module()
+    assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
+  wide_k = RaggedConfig(tile_k=128, stages=2)
+  text = _export(12345, 2048, 1024, 8, transpose_rhs=transpose_rhs, config=wide_k).mlir_module()
+  assert "stablehlo.pad" in text and "stablehlo.slice" in text
+
+
 @pytest.mark.parametrize(
     "config,field",
     [
