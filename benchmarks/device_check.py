@@ -380,7 +380,7 @@ def odd_row_checks() -> list[Check]:
   return [
       Check("NN rows%8 1001x1016x1000", odd, (1000, 1016)),
       Check("NT rows%8 A and B 1001x1003x1000", odd, (1003, 1000), dict(transpose_b=True)),
-      Check("TT rows%8 (A padded) 1001x1000x1056", (1056, 1001), (1000, 1056),
+      Check("TT rows%8 output (A MN-major) 1001x1000x1056", (1056, 1001), (1000, 1056),
             dict(transpose_a=True, transpose_b=True)),
       Check("NN rows%8 batch3 77x264x200", (3, 77, 200), (3, 200, 264)),
       Check("NN rows%8 a-batched b-2D 3x13x200x64", (3, 13, 64), (64, 200)),
