@@ -28,8 +28,9 @@ def pad_last2(x, rows, cols):
 
 
 def tma_rows(rows):
-  """Second-minor extent TMA accepts: a multiple of 8, or fewer than 8 rows."""
-  return rows if rows < 8 else round_up(rows, 8)
+  """Second-minor extent TMA accepts through an (8, span)-tiled tile
+  (`smem.rows_tileable`): the rows rounded up to a multiple of 8, unless fewer than 8."""
+  return rows if smem.rows_tileable(rows) else round_up(rows, 8)
 
 
 def tma_operand_cols(cols, dtype):

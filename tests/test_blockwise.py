@@ -435,6 +435,19 @@ def test_grouped_on_the_gpu_against_float64():
   assert float(jnp.abs(y[2933:]).max()) == 0.0
 
 
+@pytest.mark.gpu
+def test_odd_rows_on_the_gpu_against_float64():
+  """1001 rows (dense) and 3001 routed rows (grouped): A / lhs and the bf16 output go
+  through the row-wise TMA views unpadded (NOTES exps. 98, 100)."""
+  xq, wq, xs, ws = _operands(1001, 2112, 7168, (128, 128))
+  y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.bfloat16)
+  assert _rel(y, _reference(xq, wq, xs, ws, (128, 128))) < 5e-3  # bf16 output rounding
+  args = _grouped(3001, 1000, 2048, [700, 0, 1900, 333])  # 68 tail rows
+  y = bw.blockwise_ragged_dot(*args, out_dtype=jnp.bfloat16)
+  assert _rel(y, _grouped_reference(*args)) < 5e-3
+  assert float(jnp.abs(y[2933:].astype(jnp.float32)).max()) == 0.0
+
+
 def test_grouped_lowers_for_cuda_at_a_moe_shape():
   f8, f32 = E4M3, jnp.float32
   s = jax.ShapeDtypeStruct
