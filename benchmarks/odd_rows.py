@@ -121,6 +121,8 @@ def agreement(fns: dict, a, b, sizes) -> dict:
 
 
 def run(cases=CASES, rounds: int = 3, iterations: int = 3, log=print) -> list[dict]:
+  """Times every contender of every case, interleaved in `rounds`; one row per case (us per
+  contender, each output's difference from XLA's), logged as it goes."""
   rows = []
   for case in cases:
     fns = contenders(case)
@@ -144,6 +146,7 @@ def run(cases=CASES, rounds: int = 3, iterations: int = 3, log=print) -> list[di
 
 
 def main(argv=None) -> int:
+  """The table on a Hopper GPU; the plan (padded rows, input sets) elsewhere."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=3)
