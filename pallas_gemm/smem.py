@@ -135,7 +135,11 @@ def widest_swizzle(dtype, tile_minor: int, *array_minors: int) -> int | None:
 
 def rows_tileable(rows: int) -> bool:
   """Whether TMA, as Mosaic tiles a GMEM array, can copy an array with this many rows
-  (its second-minor extent) through an (8, span)-tiled tile: a multiple of 8, or < 8."""
+  (its second-minor extent) through an (8, span)-tiled tile: a multiple of 8, or < 8.
+
+  >>> rows_tileable(5), rows_tileable(4096), rows_tileable(12345)
+  (True, True, False)
+  """
   return rows < 8 or rows % 8 == 0
 
 
@@ -161,7 +165,15 @@ def row_copy_transforms(transforms: tuple, tile_minor: int) -> tuple | None:
 def row_copy_view(name: str, rows: int, view):
   """`view` (from `row_copy_transforms`) for an array of `rows` rows that TMA cannot
   tile by 8, None where it can; an error naming the array where a view is needed and
-  there is none (the wrapper pads such rows)."""
+  there is none (the wrapper pads such rows).
+
+  >>> row_copy_view("a", 4096, "view") is None, row_copy_view("a", 12345, "view")
+  (True, 'view')
+  >>> row_copy_view("a", 12345, None)  # doctest: +ELLIPSIS
+  Traceback (most recent call last):
+  ...
+  ValueError: a: 12345 rows, not a multiple of 8, ...: pad its rows to a multiple of 8
+  """
   if rows_tileable(rows):
     return None
   if view is None:
