@@ -29,9 +29,7 @@ import jax.numpy as jnp
 
 from benchmarks.matmul import cupti_times_ms, environment
 from pallas_gemm.tma_padding import tma_rows
-
-L2_BYTES = 50 * 2**20
-"""One H100 L2; inputs rotate over sets of at least four of them (as the harness does)."""
+from pallas_gemm.tuner import input_sets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +46,11 @@ class Case:
     return f"{self.m}x{self.n}x{self.k}" + (f" G={self.groups}" if self.groups else "")
 
   def input_sets(self) -> int:
-    """Sets of (a, b) whose total is at least four L2 caches (at most 8)."""
-    per_set = 2 * (self.m * self.k + max(self.groups, 1) * self.k * self.n)
-    return min(8, max(1, -(-4 * L2_BYTES // per_set)))
+    """Sets of (a, b) one timed call runs in turn, as the harness and the tuner count them
+    (`pallas_gemm.tuner.input_sets`: operands and output, cold L2)."""
+    return input_sets(
+        2 * (self.m * self.k + max(self.groups, 1) * self.k * self.n + self.m * self.n)
+    )
 
 
 CASES = (
