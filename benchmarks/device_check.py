@@ -368,7 +368,7 @@ def checks() -> list[Check]:
           ),
       ),
   ]
-  return checks + odd_row_checks() + split_k_checks() + shipped_table_checks()
+  return checks + odd_row_checks() + skinny_checks() + split_k_checks() + shipped_table_checks()
 
 
 def odd_row_checks() -> list[Check]:
@@ -419,6 +419,36 @@ def odd_row_checks() -> list[Check]:
             dict(transpose_b=True, out_dtype="float8_e4m3fn", out_scale=0.25),
             dtype="float8_e4m3fn"),
       Check("NN rows%8 12345x1024x768", (12345, 768), (768, 1024)),
+  ]  # fmt: skip
+
+
+def skinny_checks() -> list[Check]:
+  """Outputs of N <= 32 columns (names contain "skinny"): the default's 16- or 32-wide
+  tile (`heuristics.narrow_tile_n`), the output written unwidened; every layout, odd
+  rows and N, epilogues, and the split-K a short M takes."""
+  return [
+      Check("NN skinny 8192x32x2048", (8192, 2048), (2048, 32)),
+      Check("NT skinny 8192x16x2048", (8192, 2048), (16, 2048), dict(transpose_b=True)),
+      Check("NT skinny rows%8 1001x16x1000 bias+gelu+residual", (1001, 1000), (16, 1000),
+            dict(transpose_b=True, bias=True, activation="gelu_tanh", residual="bfloat16")),
+      Check("NT skinny rows%8 1001x16x1000 gelu+residual", (1001, 1000), (16, 1000),
+            dict(transpose_b=True, activation="gelu_tanh", residual="bfloat16")),
+      Check("NT skinny 8192x16x2048 bias", (8192, 2048), (16, 2048),
+            dict(transpose_b=True, bias=True)),
+      Check("TN skinny 4096x32x1024 bias", (1024, 4096), (1024, 32),
+            dict(transpose_a=True, bias=True)),
+      Check("NN skinny 4096x24x1000 f32 out", (4096, 1000), (1000, 24),
+            dict(out_dtype="float32")),
+      Check("NN skinny 4096x16x2048 alpha,beta*c", (4096, 2048), (2048, 16),
+            dict(alpha=0.5, beta=-1.5), c_shape=(4096, 16)),
+      Check("TN skinny 4096x32x1024", (1024, 4096), (1024, 32), dict(transpose_a=True)),
+      Check("TT skinny 4096x16x1024", (1024, 4096), (16, 1024),
+            dict(transpose_a=True, transpose_b=True)),
+      Check("NT skinny 256x16x8192 (split-K)", (256, 8192), (16, 8192), dict(transpose_b=True)),
+      Check("NT skinny batch4 512x8x512", (4, 512, 512), (4, 8, 512), dict(transpose_b=True)),
+      Check("NT skinny e4m3 8192x16x1024", (8192, 1024), (16, 1024), dict(transpose_b=True),
+            dtype="float8_e4m3fn"),
+      Check("NN skinny f32 4096x16x1024", (4096, 1024), (1024, 16), dtype="float32"),
   ]  # fmt: skip
 
 

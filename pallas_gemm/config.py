@@ -47,6 +47,12 @@ MAX_ACC_ELEMENTS_PER_WG = 128 * 128
 """f32 accumulator elements per warpgroup: 128 registers per thread, of ~232."""
 
 
+VECTOR_ALIGN_BYTES = 128
+"""TMA writes each warpgroup's slice of a staged vector (bias, scales) at this alignment in
+shared memory: 16 f32 (64 bytes) per warpgroup faulted on the H200 (misaligned address,
+NOTES exp. 101), as the blockwise scales' 4-f32 boxes did."""
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmProblem:
   """What one kernel launch computes: out[b] = epilogue(op(a[b]) @ op(b[b]))."""
@@ -352,6 +358,16 @@ class GemmConfig:
             field,
             f"gives each warpgroup a {extents[1]}-wide slice of an MN-major operand "
             f"tile; must be a multiple of {span} (or wg_split='m', or that operand K-major)",
+        )
+
+    for name in operands.present(problem):
+      extent = OPERANDS[name].kind.along(wm, wn) if OPERANDS[name].kind.vector else None
+      if extent is not None and extent * 4 % VECTOR_ALIGN_BYTES:
+        fail(
+            OPERANDS[name].kind.along("tile_m", "tile_n"),
+            f"gives each warpgroup {extent} f32 of `{name}`; TMA stages them into shared "
+            f"memory in slices that must be {VECTOR_ALIGN_BYTES}-byte aligned (a multiple of "
+            f"{VECTOR_ALIGN_BYTES // 4})",
         )
 
     em, en = self.epilogue_shape

@@ -43,16 +43,18 @@ import statistics
 
 import jax.numpy as jnp
 
-from pallas_gemm import split_k
+from pallas_gemm import operands, smem, split_k
 from pallas_gemm.config import (
     DEFAULT_NUM_SMS,
     PARTIAL_EPILOGUE_TILE,
+    VECTOR_ALIGN_BYTES,
     GemmConfig,
     GemmProblem,
     default_tile_k,
     fit_stages,
     tiles,
 )
+from pallas_gemm.operands import OPERANDS
 
 TILES = ((64, 128), (64, 256), (128, 64), (128, 128), (128, 192), (128, 256), (256, 128))
 """CTA tiles (tile_m, tile_n) the default chooses from. 64x64 was dropped (NOTES exp. 53):
@@ -130,21 +132,89 @@ class Params:
     )
 
 
+NARROW_SPAN_BYTES = 64
+"""The narrowest SMEM row a narrow tile may give an MN-major B (and so A, which WGMMA
+makes share B's swizzle): at a 32-byte swizzle A streams at ~0.75x XLA's rate (65536x16x2048
+NN, H200; NOTES exp. 101), at 64 bytes as fast as at 128."""
+
+
+def narrow_tile_n(problem: GemmProblem) -> int | None:
+  """The CTA tile width for an output no wider than 32 columns, or None.
+
+  A 64-wide tile over N <= 32 computes columns that do not exist, and its output, one
+  swizzle span or less wide, is written widened and then sliced (`gemm.out_extent`):
+  0.75-0.85x XLA at 65536x32x{512,2048} and 8192x32x4096 TT (H200). A tile as narrow as
+  N (16 or 32 columns) writes the output as it is: 0.95-1.18x (NOTES exp. 101).
+
+  K-major B (stored (N, K)) takes 16 or 32 columns. An N-major B tile sets the swizzle of
+  both operands (WGMMA shares one) to its row's bytes, and narrower than
+  `NARROW_SPAN_BYTES` A streams slowly; so there the narrow tile is 32 bf16 columns and
+  is used only when N fills it (a 32-wide tile over 16 columns widens the output again
+  and pads B: 0.68-0.93x, below the 64-wide tile; such GEMMs go to XLA, `route`).
+
+  Each warpgroup's columns are half the tile where A is transposed (split along N), and
+  32 at least where a column vector (bias, scales) is staged per warpgroup
+  (`config.VECTOR_ALIGN_BYTES`).
+
+  >>> narrow_tile_n(GemmProblem(m=65536, n=16, k=2048, transpose_b=True))   # B (N, K)
+  16
+  >>> narrow_tile_n(GemmProblem(m=65536, n=16, k=2048, transpose_b=True, has_bias=True))
+  32
+  >>> narrow_tile_n(GemmProblem(m=65536, n=32, k=2048))   # B (K, N): 32 bf16 = 64 bytes
+  32
+  >>> narrow_tile_n(GemmProblem(m=65536, n=16, k=2048)) is None
+  True
+  >>> narrow_tile_n(GemmProblem(m=65536, n=64, k=2048)) is None
+  True
+  """
+  if problem.n > 32:
+    return None
+  if problem.transpose_b:
+    tn = 16 if problem.n <= 16 else 32
+  else:
+    tn = problem.n
+    if tn not in (16, 32) or tn * jnp.dtype(problem.dtype_b).itemsize < NARROW_SPAN_BYTES:
+      return None
+    if not problem.transpose_a and not smem.rows_tileable(problem.m):
+      return None  # A at B's 64-byte swizzle has no row view: its odd rows would be copied
+  columns = VECTOR_ALIGN_BYTES // 4 if _column_vectors(problem) else 16
+  tn = max(tn, columns * (2 if problem.transpose_a else 1))
+  return tn if tn <= 32 else None
+
+
+def _column_vectors(problem: GemmProblem) -> bool:
+  return any(
+      OPERANDS[name].kind.vector and OPERANDS[name].kind.along("m", "n") == "n"
+      for name in operands.present(problem)
+  )
+
+
+def _step_key(config: GemmConfig) -> tuple[int, int, int]:
+  """The `STEP_S` entry of a config: narrow tiles (`narrow_tile_n`) step at the 128x64
+  tile's rate, the feed of A (their WGMMAs are a quarter to a half as wide)."""
+  return (config.tile_m, max(config.tile_n, 64), config.cluster[0])
+
+
 def candidates(
     problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS, hbm_scale: float = 1.0
 ) -> list[GemmConfig]:
   """The valid configs of the grid for `problem`: tiles that do not overhang it by
   half a tile or more (a smaller tile does the same work), a 2x1 cluster only with
-  >= 2 tile rows.
+  >= 2 tile rows; over N <= 32 columns the 64-wide tile narrowed (`narrow_tile_n`).
 
   >>> sorted({(c.tile_m, c.tile_n) for c in candidates(GemmProblem(m=65536, n=64, k=1024))})
   [(128, 64)]
+  >>> sorted({(c.tile_m, c.tile_n) for c in candidates(GemmProblem(m=65536, n=32, k=1024))})
+  [(128, 32)]
   """
   tk = default_tile_k(problem.dtype)
+  narrow = narrow_tile_n(problem)
   configs = []
   for tm, tn in TILES:
     if tm >= 2 * max(problem.m, 64) or tn >= 2 * max(problem.n, 64):
       continue
+    if tn == 64 and narrow is not None:
+      tn = narrow
     wg_split = "n" if problem.transpose_a or tm == 64 else "m"
     for cluster in ((1, 1), (2, 1)):
       if cluster != (1, 1) and tiles(problem.m, tm) < 2:
@@ -205,7 +275,7 @@ def estimate(
   178
   """
   waves, k_iters, splits, units = _work(problem, config, num_sms)
-  step = steps[(config.tile_m, config.tile_n, config.cluster[0])]
+  step = steps[_step_key(config)]
   fixed = params.tile_fixed_s + (params.cluster_fixed_s if config.cluster[0] > 1 else 0.0)
   core = waves * (k_iters * step + fixed)
   in_bytes = _itemsize(problem.dtype)

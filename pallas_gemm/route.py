@@ -12,6 +12,11 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
 - decode: M <= 64 rows against a weight streamed from HBM (1x14336x4096 0.83-0.93x,
   8x14336x4096 0.86-0.97x, 1x8192x28672 0.90x; never above 1.01x, NOTES exps. 53, 75):
   cuBLAS's GEMV streams the weights at least as fast as the kernel's tiles;
+- a memory-bound GEMM whose B is stored (K, N) with rows under 64 bytes (N < 32 for
+  16-bit types): the kernel pads B, computes a 64-wide tile and writes its output widened,
+  or runs A at a 32-byte swizzle; 0.72-0.98x at every such shape measured (65536x16x2048
+  0.88, 8192x16x4096 TN 0.78, 64x(1024x16x1024) 0.72; NOTES exp. 101). Stored (N, K), B
+  takes a 16-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -34,8 +39,11 @@ GEMMs keep the kernel (their epilogues and scalings are what they are used for).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from pallas_gemm import smem
 from pallas_gemm.config import GemmProblem
+from pallas_gemm.heuristics import NARROW_SPAN_BYTES
 from pallas_gemm.split_k import PEAK_FLOPS  # H100 SXM dense bf16; an H200's is the same
 
 MIN_K = 64
@@ -98,6 +106,19 @@ def padding_copy_bytes(problem: GemmProblem) -> int:
   return copied
 
 
+def narrow_n_major_b(problem: GemmProblem) -> bool:
+  """Whether B is stored (K, N) with rows of fewer than `NARROW_SPAN_BYTES` bytes: no
+  tile of the kernel streams A well there (`heuristics.narrow_tile_n`).
+
+  >>> narrow_n_major_b(GemmProblem(m=65536, n=16, k=2048))
+  True
+  >>> narrow_n_major_b(GemmProblem(m=65536, n=16, k=2048, transpose_b=True))
+  False
+  """
+  itemsize = jnp.dtype(problem.dtype_b).itemsize
+  return not problem.transpose_b and problem.n * itemsize < NARROW_SPAN_BYTES
+
+
 def _memory_bound(problem: GemmProblem) -> bool:
   flops = 2.0 * problem.batch * problem.m * problem.n * problem.k
   return flops / PEAK_FLOPS < min_bytes(problem) / HBM_BYTES_PER_S
@@ -128,6 +149,11 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
     return "xla", (
         f"decode: M={problem.m} <= {DECODE_MAX_M}, memory-bound (cuBLAS's GEMV streams the "
         "weights at least as fast)"
+    )
+  if narrow_n_major_b(problem) and _memory_bound(problem):
+    return "xla", (
+        f"N={problem.n}: B's (K, N) rows are under {NARROW_SPAN_BYTES} bytes, memory-bound "
+        "(cuBLAS writes a narrow output directly)"
     )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
   if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:

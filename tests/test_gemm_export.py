@@ -164,6 +164,24 @@ def test_rows_not_a_multiple_of_8_are_padded_where_the_tile_has_no_row_view():
   assert text.count("stablehlo.pad") == 1 and "stablehlo.slice" in text
 
 
+@pytest.mark.parametrize(
+    "m, n, layout, bias",
+    [
+        (65536, 32, "NN", True),
+        (65536, 16, "NT", False),
+        (1001, 16, "NT", False),
+        (8192, 32, "NN", True),
+    ],
+)
+def test_skinny_outputs_are_written_as_they_are(m, n, layout, bias):
+  """N <= 32: the default's narrow tile (`heuristics.narrow_tile_n`) writes the output
+  unwidened, and B is read as it is: no pad, no slice. (A bias takes 32 columns a
+  warpgroup: `config.VECTOR_ALIGN_BYTES`.)"""
+  a, b = _shapes(m, n, 2048, False, layout == "NT")
+  text = _export(a, b, transpose_b=layout == "NT", bias=bias, activation="gelu").mlir_module()
+  assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
+
+
 # -- rejected configurations: our ValueError, naming the field ----------------
 @pytest.mark.parametrize(
     "fields,field",

@@ -26,6 +26,7 @@ import pytest
 
 from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
 from pallas_gemm import epilogue as epilogue_lib
+from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (not differentiable)
 
@@ -166,6 +167,23 @@ def test_schedules(config):
 def test_narrow_n_major_b_tiles_narrow_the_swizzle(config):
   # Each warpgroup's slice of the N-major B tile is 32 columns: a 64-byte swizzle, not 128.
   _run(136, 104, 72, config=config)
+
+
+@pytest.mark.parametrize(
+    "layout, n, bias, tile_n",
+    [
+        pytest.param("NT", 16, False, 16, marks=needs_transposes),
+        pytest.param("NT", 16, True, 32, marks=needs_transposes),  # the bias's 128 bytes
+        ("NN", 32, True, 32),
+    ],
+)
+def test_skinny_outputs_take_the_narrow_tile(layout, n, bias, tile_n):
+  # The default over N <= 32 is a 16- or 32-wide tile (`heuristics.narrow_tile_n`).
+  problem = GemmProblem(m=200, n=n, k=192, transpose_b=layout == "NT", has_bias=bias)
+  config = default_config(problem)
+  assert config.tile_n == tile_n
+  config = dataclasses.replace(config, cluster=(1, 1))  # the interpreter's clusters vary
+  _run(200, n, 192, layout=layout, bias=bias, activation="relu", config=config)
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,24 @@ def test_picks_on_the_fit_shapes_are_near_the_fastest_candidate(calibrations, bo
   assert max(regrets) < 1.2
 
 
+@pytest.mark.parametrize(
+    "problem, tile_n",
+    [
+        (GemmProblem(m=65536, n=16, k=2048, transpose_b=True), 16),
+        (GemmProblem(m=12345, n=24, k=4096, transpose_b=True), 32),
+        (GemmProblem(m=8192, n=32, k=4096, transpose_a=True, transpose_b=True), 32),
+        (GemmProblem(m=8192, n=16, k=4096, transpose_a=True, transpose_b=True), 32),
+        (GemmProblem(m=65536, n=32, k=512), 32),
+        (GemmProblem(m=65536, n=16, k=2048), 64),  # B (K, N) 32 bytes wide: routed to XLA
+        (GemmProblem(m=32768, n=24, k=2048), 64),
+        (GemmProblem(m=1001, n=32, k=2048), 64),  # A's odd rows: no row view at 64 bytes
+        (GemmProblem(m=65536, n=48, k=2048, transpose_b=True), 64),
+    ],
+)
+def test_outputs_of_at_most_32_columns_take_a_narrow_tile(problem, tile_n):
+  assert heuristics.default_config(problem, 132, 1.0).tile_n == tile_n
+
+
 def test_estimate_orders_waves_and_tiles():
   big = GemmProblem(m=8192, n=8192, k=8192)
   wide, narrow = heuristics.GemmConfig(), heuristics.GemmConfig(tile_n=64, stages=8)

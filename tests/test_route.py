@@ -20,6 +20,9 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=65536, n=64, k=72), "padding copy"),  # 0.21x
         (GemmProblem(m=1, n=14336, k=4096), "decode"),  # 0.83-0.93x
         (GemmProblem(m=64, n=4096, k=14336), "decode"),
+        (GemmProblem(m=65536, n=16, k=2048), "B's (K, N) rows"),  # 0.88x
+        (GemmProblem(m=8192, n=16, k=4096, transpose_a=True), "B's (K, N) rows"),  # 0.78x
+        (GemmProblem(m=1024, n=16, k=1024, batch=64), "B's (K, N) rows"),  # 0.72x
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -36,6 +39,8 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=512, n=512, k=512),  # 1.43-1.46x kernel time, 1.06-1.20x chained
         GemmProblem(m=1024, n=1024, k=1024),  # 1.17-1.50x, 0.72-1.29x chained (noisy)
         GemmProblem(m=32768, n=64, k=1024),  # skinny N, memory-bound: 0.98-1.10x
+        GemmProblem(m=65536, n=32, k=512),  # a 32-wide tile: 1.01x
+        GemmProblem(m=65536, n=16, k=2048, transpose_b=True),  # a 16-wide tile: 0.98x
         GemmProblem(m=1000, n=1016, k=4000),  # odd extents: B copied
         GemmProblem(m=4096, n=4096, k=7001),  # odd K: A copied (1.5-2.4x)
         GemmProblem(m=2048, n=128, k=2048, batch=32),  # batched
