@@ -134,8 +134,8 @@ class Params:
 
 NARROW_SPAN_BYTES = 64
 """The narrowest SMEM row a narrow tile may give an MN-major B (and so A, which WGMMA
-makes share B's swizzle): at a 32-byte swizzle A streams at ~0.75x XLA's rate (65536x16x2048
-NN, H200; NOTES exp. 101), at 64 bytes as fast as at 128."""
+makes share B's swizzle): at a 32-byte swizzle A streamed at 0.74-0.82x XLA's rate
+(65536x16x2048 NN, H200; NOTES exp. 101), at 64 bytes 0.95-1.18x (N = 32)."""
 
 
 def narrow_tile_n(problem: GemmProblem) -> int | None:
@@ -183,6 +183,7 @@ def narrow_tile_n(problem: GemmProblem) -> int | None:
 
 
 def _column_vectors(problem: GemmProblem) -> bool:
+  """Whether the epilogue stages a per-column vector (bias, column scales) per warpgroup."""
   return any(
       OPERANDS[name].kind.vector and OPERANDS[name].kind.along("m", "n") == "n"
       for name in operands.present(problem)

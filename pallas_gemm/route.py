@@ -153,7 +153,7 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
   if narrow_n_major_b(problem) and _memory_bound(problem):
     return "xla", (
         f"N={problem.n}: B's (K, N) rows are under {NARROW_SPAN_BYTES} bytes, memory-bound "
-        "(cuBLAS writes a narrow output directly)"
+        "(no tile of the kernel streams A there as fast as XLA)"
     )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
   if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:

@@ -212,6 +212,16 @@ def test_rejected_configs(fields, field):
     _export((1024, 1024), (1024, 1024), config=GemmConfig(**fields))
 
 
+def test_a_column_vector_needs_128_bytes_per_warpgroup():
+  """A bias staged as 16 f32 per warpgroup faulted on the H200 (misaligned TMA destination):
+  refused by name, before Mosaic; 32 f32 pass."""
+  narrow = GemmConfig(tile_n=32, wg_split="n", stages=4, epilogue_tile=None)
+  with pytest.raises(ValueError, match=r"^GemmConfig\.tile_n=32: .*128-byte aligned"):
+    _export((1024, 1024), (1024, 32), bias=True, config=narrow)
+  _export((1024, 1024), (1024, 32), config=narrow)  # no vector: fine
+  _export((1024, 1024), (1024, 32), bias=True, config=dataclasses.replace(narrow, wg_split="m"))
+
+
 def test_a_list_cluster_is_kept_as_a_hashable_pair():
   assert GemmConfig(cluster=[2, 1]) == GemmConfig(cluster=(2, 1))
   assert hash(GemmConfig(cluster=[2, 1], epilogue_tile=[64, 64]))
