@@ -12,6 +12,8 @@
 #   bash benchmarks/run_device.sh odd     # rows not a multiple of 8 (NOTES exps. 98, 100): the
 #                                         # GPU tests of the dense, grouped and blockwise kernels
 #                                         # there, then benchmarks.odd_rows (~6 min)
+#   bash benchmarks/run_device.sh skinny  # outputs of N <= 32 (NOTES exp. 101): the skinny device
+#                                         # checks, then benchmarks.skinny (~4 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
 #   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
@@ -109,6 +111,10 @@ case "${1:-}" in
       tests/test_ragged_dot.py tests/test_blockwise.py -k "rows or device_checks"
     step odd_rows 240 12 python -u -m benchmarks.odd_rows
     ;;
+  skinny)
+    step skinny_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k skinny
+    step skinny 200 18 python -u -m benchmarks.skinny
+    ;;
   multi)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     step multi_gpu_tests 150 3 python -u -m pytest -q -m gpu tests/test_collective_matmul.py
@@ -159,7 +165,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
     exit 2
     ;;
 esac
