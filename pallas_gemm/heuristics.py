@@ -1,8 +1,9 @@
 """The default GEMM config: a small grid of candidates ranked by a calibrated time model.
 
-`candidates(problem)` is the grid: CTA tiles from 64x128 to 256x128, with and
-without a 2x1 cluster, each with the deepest ring that fits and, where the
-`split_k` model finds a gain, a split-K variant. `estimate(problem, config)`
+`candidates(problem)` is the grid: CTA tiles from 64x128 to 256x128 (over N <= 32
+the 128x64 tile narrowed to N, `narrow_tile_n`), with and without a 2x1 cluster, each
+with the deepest ring that fits and, where the `split_k` model finds a gain, a split-K
+variant. `estimate(problem, config)`
 predicts a config's time; `default_config` returns the fastest prediction.
 
 The model (seconds):
