@@ -16,7 +16,7 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   16-bit types): the kernel pads B, computes a 64-wide tile and writes its output widened,
   or runs A at a 32-byte swizzle; 0.72-0.98x at every such shape measured (65536x16x2048
   0.88, 8192x16x4096 TN 0.78, 64x(1024x16x1024) 0.72; NOTES exp. 101). Stored (N, K), B
-  takes a 16-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
+  takes a 16- or 32-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
