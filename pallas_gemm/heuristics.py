@@ -135,8 +135,8 @@ class Params:
 
 NARROW_SPAN_BYTES = 64
 """The narrowest SMEM row a narrow tile may give an MN-major B (and so A, which WGMMA
-makes share B's swizzle): at a 32-byte swizzle A streamed at 0.74-0.82x XLA's rate
-(65536x16x2048 NN, H200; NOTES exp. 101), at 64 bytes 0.95-1.18x (N = 32)."""
+makes share B's swizzle): at a 32-byte swizzle A streamed at 0.48-0.81x XLA's rate
+(N = 8 and 16 stored (K, N), H200; NOTES exp. 101), at 64 bytes 0.95-1.18x (N = 32)."""
 
 
 def narrow_tile_n(problem: GemmProblem) -> int | None:

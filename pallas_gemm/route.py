@@ -14,7 +14,7 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   cuBLAS's GEMV streams the weights at least as fast as the kernel's tiles;
 - a memory-bound GEMM whose B is stored (K, N) with rows under 64 bytes (N < 32 for
   16-bit types): the kernel pads B, computes a 64-wide tile and writes its output widened,
-  or runs A at a 32-byte swizzle; 0.72-0.98x at every such shape measured (65536x16x2048
+  or runs A at a 32-byte swizzle; 0.72-1.00x at every such shape measured (65536x16x2048
   0.88, 8192x16x4096 TN 0.78, 64x(1024x16x1024) 0.72; NOTES exp. 101). Stored (N, K), B
   takes a 16- or 32-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
