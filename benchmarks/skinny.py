@@ -95,8 +95,8 @@ def run(cases=CASES, rounds: int = 3, iterations: int = 10, log=print) -> list[d
   contender, each kernel output's relative difference from XLA's), logged as it goes."""
   rows = []
   for case in cases:
-    problem = case.problem()
-    routed = default_plan(case) == "xla"
+    problem, plan = case.problem(), default_plan(case)
+    routed = plan == "xla"
     kernel = CuptiTimer(problem, iterations=iterations)
     timers = {
         "xla": (CuptiTimer(problem, iterations=iterations, implementation="xla"), None),
@@ -114,7 +114,7 @@ def run(cases=CASES, rounds: int = 3, iterations: int = 10, log=print) -> list[d
     us = {name: 1e3 * statistics.median(s) for name, s in samples.items()}
     if routed:
       us["default"] = us["xla"]
-    rows.append(dict(case=case.label, plan=default_plan(case), us=us, diff_from_xla=diff))
+    rows.append(dict(case=case.label, plan=plan, us=us, diff_from_xla=diff))
     log(
         f"{case.label:22s} xla {us['xla']:7.1f}  default {us['default']:7.1f} "
         f"({us['xla'] / us['default']:.3f})  wide {us['wide']:7.1f} "

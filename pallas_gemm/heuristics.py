@@ -185,10 +185,7 @@ def narrow_tile_n(problem: GemmProblem) -> int | None:
 
 def _column_vectors(problem: GemmProblem) -> bool:
   """Whether the epilogue stages a per-column vector (bias, column scales) per warpgroup."""
-  return any(
-      OPERANDS[name].kind.vector and OPERANDS[name].kind.along("m", "n") == "n"
-      for name in operands.present(problem)
-  )
+  return any(OPERANDS[name].kind is operands.COLUMN for name in operands.present(problem))
 
 
 def _step_key(config: GemmConfig) -> tuple[int, int, int]:
