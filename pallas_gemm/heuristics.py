@@ -22,6 +22,8 @@ and the output; the memory rates scale with the board's HBM bandwidth
 sweep is the check that it generalizes (NOTES.md exp. 53). A K step is
 `default_tile_k(dtype)` deep, which makes its time about the same for fp8
 (twice the rate, twice the depth) and tf32 (half, half) as for 16-bit types.
+Where a tile runs at most two K steps, the pick stores each warpgroup tile at
+once (`short_k_stores`).
 
 >>> from pallas_gemm.config import GemmProblem
 >>> cfg = default_config(GemmProblem(m=65536, n=64, k=1024))    # skinny N: a narrow tile
@@ -183,6 +185,43 @@ def narrow_tile_n(problem: GemmProblem) -> int | None:
   return tn if tn <= 32 else None
 
 
+SHORT_K_STEPS = 2
+"""At most this many K steps per tile (K <= 128 at 16 bits), a tile is mostly its epilogue."""
+
+SHORT_K_MIN_STAGES = 3
+"""The shallowest ring `short_k_stores` gives up stages to (it prefetches the next tiles)."""
+
+
+def short_k_stores(problem: GemmProblem, config: GemmConfig) -> GemmConfig:
+  """`config` storing each warpgroup tile at once (`epilogue_tile=None`) where its tiles run
+  at most `SHORT_K_STEPS` K steps and a ring of `SHORT_K_MIN_STAGES` still fits beside it.
+
+  There the GEMM is output-bound (batched attention-like products, K = 64-128) and the
+  consumers spend most of a tile storing: one store per warpgroup tile instead of four
+  64x64 chunks gained 4-5% on the fit sweep's short-K shapes (H100: 16x2048x2048x64 NT
+  0.919 -> 0.960x XLA, 8192x8192x96 0.921 -> 0.964), where more chunks in flight did
+  not (NOTES exp. 102). Four K steps and more keep the chunks and the deeper ring.
+
+  >>> cfg = short_k_stores(GemmProblem(m=8192, n=8192, k=96), GemmConfig(stages=4))
+  >>> (cfg.epilogue_tile, cfg.stages)
+  (None, 3)
+  >>> short_k_stores(GemmProblem(m=8192, n=8192, k=4096), GemmConfig()).epilogue_tile
+  (64, 64)
+  """
+  if config.epilogue_shape == config.wg_tile or config.split_k > 1 or config.stream_k:
+    return config
+  if config.k_splits(problem)[1] > SHORT_K_STEPS:
+    return config
+  whole = fit_stages(dataclasses.replace(config, epilogue_tile=None), problem, config.stages)
+  if whole.epilogue_tile is not None or whole.stages < SHORT_K_MIN_STAGES:
+    return config  # f32 outputs, residuals: the larger buffers leave too shallow a ring
+  try:
+    whole.validate(problem)
+  except ValueError:
+    return config
+  return whole
+
+
 def _column_vectors(problem: GemmProblem) -> bool:
   """Whether the epilogue stages a per-column vector (bias, column scales) per warpgroup."""
   return any(OPERANDS[name].kind is operands.COLUMN for name in operands.present(problem))
@@ -338,7 +377,9 @@ def pick(problem: GemmProblem, num_sms: int, hbm_scale: float, params: Params) -
         problem,
         4,
     )
-  return choose([(estimate(problem, cfg, num_sms, params), cfg) for cfg in options])
+  return short_k_stores(
+      problem, choose([(estimate(problem, cfg, num_sms, params), cfg) for cfg in options])
+  )
 
 
 def choose(predicted):

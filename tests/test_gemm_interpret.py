@@ -26,7 +26,7 @@ import pytest
 
 from pallas_gemm import GemmConfig, GemmProblem, matmul, _compat
 from pallas_gemm import epilogue as epilogue_lib
-from pallas_gemm.heuristics import default_config
+from pallas_gemm.heuristics import default_config, short_k_stores
 from pallas_gemm.hopper_gemm import hopper_gemm
 from pallas_gemm.gemm import gemm as kernel_matmul  # the kernel entry (not differentiable)
 
@@ -217,6 +217,14 @@ def test_odd_shape_all_operands_padded():
 
 def test_batched():
   _run(130, 200, 64, batch=(3,), seed=1)
+
+
+def test_short_k_default_stores_whole_warpgroup_tiles():
+  # K <= 128: the default stores a warpgroup tile at once (`heuristics.short_k_stores`).
+  problem = GemmProblem(m=200, n=300, k=96, batch=2)
+  config = short_k_stores(problem, GemmConfig(stages=4))
+  assert (config.epilogue_tile, config.stages) == (None, 3)
+  _run(200, 300, 96, batch=(2,), seed=4, config=config)
 
 
 @slow

@@ -58,6 +58,28 @@ def test_outputs_of_at_most_32_columns_take_a_narrow_tile(problem, tile_n):
   assert heuristics.default_config(problem, 132, 1.0).tile_n == tile_n
 
 
+@pytest.mark.parametrize(
+    "problem, whole",
+    [
+        (GemmProblem(m=8192, n=8192, k=96), True),
+        (GemmProblem(m=2048, n=2048, k=64, batch=16, transpose_b=True), True),
+        (GemmProblem(m=24576, n=3072, k=128), True),
+        (GemmProblem(m=8192, n=8192, k=256), False),  # four K steps: chunks, deeper ring
+        (GemmProblem(m=8192, n=8192, k=64, out_dtype="float32"), False),  # ring too shallow
+        (GemmProblem(m=8192, n=8192, k=64, residual_dtype="bfloat16"), False),
+        (GemmProblem(m=8192, n=8192, k=8192), False),
+    ],
+)
+def test_short_k_gemms_store_whole_warpgroup_tiles(problem, whole):
+  config = heuristics.default_config(problem, 132, 1.0)
+  config.validate(problem)
+  assert (config.epilogue_shape == config.wg_tile) == whole
+  assert config.stages >= heuristics.SHORT_K_MIN_STAGES
+  chunked = dataclasses.replace(config, epilogue_tile=(64, 64))
+  if whole:  # the pick of the time model, only its stores changed
+    assert heuristics.short_k_stores(problem, fit_stages(chunked, problem, 8)) == config
+
+
 def test_estimate_orders_waves_and_tiles():
   big = GemmProblem(m=8192, n=8192, k=8192)
   wide, narrow = heuristics.GemmConfig(), heuristics.GemmConfig(tile_n=64, stages=8)
@@ -91,7 +113,8 @@ def test_default_config_is_valid_for_any_problem(m, n, k, dtype, transpose_a, tr
   )
   config = heuristics.default_config(problem, num_sms=132)
   config.validate(problem)
-  assert config in heuristics.candidates(problem, 132) or not heuristics.candidates(problem, 132)
+  options = heuristics.candidates(problem, 132)
+  assert config in {heuristics.short_k_stores(problem, c) for c in options} or not options
 
 
 @settings(max_examples=40, deadline=None)
