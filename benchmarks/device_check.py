@@ -368,7 +368,14 @@ def checks() -> list[Check]:
           ),
       ),
   ]
-  return checks + odd_row_checks() + skinny_checks() + split_k_checks() + shipped_table_checks()
+  return (
+      checks
+      + odd_row_checks()
+      + skinny_checks()
+      + short_k_checks()
+      + split_k_checks()
+      + shipped_table_checks()
+  )
 
 
 def odd_row_checks() -> list[Check]:
@@ -449,6 +456,27 @@ def skinny_checks() -> list[Check]:
       Check("NT skinny e4m3 8192x16x1024", (8192, 1024), (16, 1024), dict(transpose_b=True),
             dtype="float8_e4m3fn"),
       Check("NN skinny f32 4096x16x1024", (4096, 1024), (1024, 16), dtype="float32"),
+  ]  # fmt: skip
+
+
+def short_k_checks() -> list[Check]:
+  """K <= 128 (names contain "short_k"): the default stores each warpgroup tile at once
+  (`heuristics.short_k_stores`); every layout, a batch, odd extents, epilogues, and the
+  cases that keep 64x64 chunks (a residual, f32 out) beside them."""
+  return [
+      Check("NN short_k 4097x3001x96", (4097, 96), (96, 3001)),
+      Check("NT short_k batch16 1000x1016x64", (16, 1000, 64), (16, 1016, 64),
+            dict(transpose_b=True)),
+      Check("TN short_k 2000x3000x128 bias+gelu", (128, 2000), (128, 3000),
+            dict(transpose_a=True, bias=True, activation="gelu_tanh")),
+      Check("TT short_k 3000x2000x72 alpha,beta*c", (72, 3000), (2000, 72),
+            dict(transpose_a=True, transpose_b=True, alpha=0.5, beta=-1.5),
+            c_shape=(3000, 2000)),
+      Check("NN short_k rows%8 1001x2048x64 f16", (1001, 64), (64, 2048), dtype="float16"),
+      Check("NN short_k 4096x4096x64 residual (chunks)", (4096, 64), (64, 4096),
+            dict(residual="bfloat16")),
+      Check("NN short_k 4096x4096x64 f32 out (chunks)", (4096, 64), (64, 4096),
+            dict(out_dtype="float32")),
   ]  # fmt: skip
 
 

@@ -14,6 +14,8 @@
 #                                         # there, then benchmarks.odd_rows (~6 min)
 #   bash benchmarks/run_device.sh skinny  # outputs of N <= 32 (NOTES exp. 101): the skinny device
 #                                         # checks, then benchmarks.skinny (~4 min)
+#   bash benchmarks/run_device.sh short_k # K <= 128 (NOTES exp. 102): the whole-tile stores'
+#                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
 #   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
@@ -114,6 +116,10 @@ case "${1:-}" in
   skinny)
     step skinny_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k skinny
     step skinny 200 18 python -u -m benchmarks.skinny
+    ;;
+  short_k)
+    step short_k_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k short_k
+    step short_k 200 16 python -u -m benchmarks.short_k
     ;;
   multi)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

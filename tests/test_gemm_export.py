@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import device_check
 from pallas_gemm import GemmConfig, GemmProblem, _compat, matmul
 
 pytestmark = pytest.mark.export
@@ -182,20 +183,11 @@ def test_skinny_outputs_are_written_as_they_are(m, n, layout, bias):
   assert "stablehlo.pad" not in text and "stablehlo.slice" not in text
 
 
-@pytest.mark.parametrize("layout, batch", [("NT", (16,)), ("NN", ())])
-def test_short_k_defaults_store_whole_warpgroup_tiles(layout, batch):
+@pytest.mark.parametrize("check", device_check.short_k_checks(), ids=lambda c: c.name)
+def test_short_k_device_checks_lower(check):
   """K <= 128: the default stores each warpgroup tile at once (`heuristics.short_k_stores`);
-  a batched NT product and a plain one lower with it."""
-  from pallas_gemm import heuristics
-
-  problem = GemmProblem(
-      m=2048, n=2048, k=96, batch=batch[0] if batch else 1, transpose_b=layout == "NT"
-  )
-  config = heuristics.default_config(problem, 132, 1.0)
-  assert config.epilogue_tile is None
-  a, b = _shapes(2048, 2048, 96, False, layout == "NT", batch)
-  exported = _export(a, b, transpose_b=layout == "NT", config=config)
-  assert exported.out_avals[0].shape == (*batch, 2048, 2048)
+  the device matrix's short-K cases (every layout, a batch, epilogues, odd rows) lower."""
+  assert device_check.run_check(check, 0, export_only=True)["ok"]
 
 
 # -- rejected configurations: our ValueError, naming the field ----------------

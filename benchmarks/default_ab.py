@@ -1,0 +1,128 @@
+"""The default against the config a change to it replaced, and XLA: the harness behind
+`benchmarks.skinny` and `benchmarks.short_k`.
+
+Contenders, interleaved in rounds (CUPTI medians, cold L2 as the tuner times: problems
+under four L2 caches rotate over input sets):
+  xla       `jnp.dot` (the layouts as stored)
+  default   `pallas_gemm.matmul` with `implementation=None`: `route.choose`, then
+            `heuristics.default_config`
+  before    the kernel with the config the default took before the change (named by the
+            caller: "wide", "chunked")
+
+Each kernel contender's output is checked against XLA's (`CuptiTimer.verify`).
+
+>>> Case(1024, 16, 1024, batch=64).label
+'64x1024x16x1024 NN'
+>>> default_plan(Case(8192, 8192, 8192))
+'128x256x64 s4 cooperative/m cluster 2x1'
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+
+from pallas_gemm import heuristics, route
+from pallas_gemm.config import GemmConfig
+from pallas_gemm.tuner import CuptiTimer, make_problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """out (m, n) = op(a) @ op(b), `layout` as in `tuner.make_problem` ("NT": B stored (N, K))."""
+
+  m: int
+  n: int
+  k: int
+  layout: str = "NN"
+  batch: int = 1
+
+  @property
+  def label(self) -> str:
+    lead = f"{self.batch}x" if self.batch > 1 else ""
+    return f"{lead}{self.m}x{self.n}x{self.k} {self.layout}"
+
+  def problem(self):
+    dims = (self.batch, self.m, self.n, self.k) if self.batch > 1 else (self.m, self.n, self.k)
+    return make_problem(dims, "bfloat16", self.layout, None)[0]
+
+
+def default_plan(case: Case) -> str:
+  """What the default runs: "xla" (routed), else the kernel config it takes."""
+  problem = case.problem()
+  if route.choose(problem)[0] == "xla":
+    return "xla"
+  return heuristics.describe(heuristics.config_fields(heuristics.default_config(problem)))
+
+
+def run(
+    cases,
+    before: Callable[[Case], GemmConfig],
+    before_name: str,
+    rounds: int = 3,
+    iterations: int = 10,
+    log=print,
+) -> list[dict]:
+  """Times xla, the default and `before(case)` on every case, interleaved in `rounds`; one
+  row per case (us per contender, each kernel output's relative difference from XLA's),
+  logged as it goes, then the geometric means of XLA's time over each contender's."""
+  rows = []
+  for case in cases:
+    problem, plan = case.problem(), default_plan(case)
+    routed = plan == "xla"
+    kernel = CuptiTimer(problem, iterations=iterations)
+    timers = {
+        "xla": (CuptiTimer(problem, iterations=iterations, implementation="xla"), None),
+        before_name: (kernel, before(case)),
+    }
+    if not routed:
+      timers["default"] = (kernel, heuristics.default_config(problem))
+    kernel.prepare([config for _, config in timers.values() if config is not None])
+    diff = {name: kernel.verify(config) for name, (_, config) in timers.items() if config}
+    samples = {name: [] for name in timers}
+    for _ in range(rounds):
+      for name, (timer, config) in timers.items():
+        samples[name].append(timer(config))
+    us = {name: 1e3 * statistics.median(s) for name, s in samples.items()}
+    if routed:
+      us["default"] = us["xla"]
+    rows.append(dict(case=case.label, plan=plan, us=us, diff_from_xla=diff))
+    log(
+        f"{case.label:22s} xla {us['xla']:7.1f}  default {us['default']:7.1f} "
+        f"({us['xla'] / us['default']:.3f})  {before_name} {us[before_name]:7.1f} "
+        f"({us['xla'] / us[before_name]:.3f})  {plan}  max diff {max(diff.values()):.1e}"
+    )
+  ratios = lambda name: [r["us"]["xla"] / r["us"][name] for r in rows]
+  geomean = lambda xs: math.exp(statistics.mean(map(math.log, xs)))
+  log(
+      f"geomean XLA/this over {len(rows)} shapes: default {geomean(ratios('default')):.3f}, "
+      f"{before_name} {geomean(ratios(before_name)):.3f}"
+  )
+  return rows
+
+
+def main(argv, description: str, cases, before: Callable[[Case], GemmConfig], before_name: str):
+  """The table on a Hopper GPU; elsewhere the plan: what the default and `before` run."""
+  from benchmarks.matmul import environment
+
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iterations", type=int, default=10)
+  args = parser.parse_args(argv)
+  env = environment()
+  print(env, flush=True)
+  if env["platform"] != "gpu":
+    for case in cases:
+      config = before(case)
+      print(
+          f"{case.label:22s} default {default_plan(case)}; {before_name} "
+          f"{heuristics.describe(heuristics.config_fields(config))} "
+          f"epilogue {config.epilogue_tile}"
+      )
+    print("no GPU: the plan only")
+    return 0
+  run(cases, before, before_name, args.rounds, args.iterations)
+  return 0
