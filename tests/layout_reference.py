@@ -11,9 +11,11 @@ import os
 import numpy as np
 from hypothesis import HealthCheck, settings
 
+from hypothesis_budget import examples
+
 settings.register_profile(
     "layouts",
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -19,6 +19,7 @@ from pallas_gemm import blockwise as bw
 from pallas_gemm import compile_once
 from pallas_gemm.config import GemmConfig
 from tests.interpret_support import hang_guard, needs_transposes  # noqa: F401
+from hypothesis_budget import examples
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
@@ -39,7 +40,7 @@ _quantize = jax.jit(bw.quantize_blockwise, static_argnums=(1, 2))
 _dequantize = jax.jit(bw.dequantize_blockwise, static_argnums=(2,))
 
 
-@hypothesis.settings(max_examples=10, deadline=None)  # each example jits new shapes
+@hypothesis.settings(max_examples=examples(10), deadline=None)  # each example jits new shapes
 @hypothesis.given(
     m=st.integers(1, 300),
     k=st.integers(1, 300),

@@ -15,6 +15,7 @@ import pallas_gemm
 from pallas_gemm import fragments
 from pallas_gemm import weight_only as wo
 from pallas_gemm import weight_only_gemm as kernel_lib
+from hypothesis_budget import examples
 
 
 def test_element_map_is_wgmma_a_fragment_order():
@@ -40,7 +41,7 @@ def test_a_tile_of_units_holds_their_registers_row_units_outermost():
     np.testing.assert_array_equal((rows[:, part] % 64) * 64 + cols[:, part] % 64, unit)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     n_units=st.integers(1, 2),
     k_units=st.integers(1, 2),

@@ -11,6 +11,7 @@ import pytest
 
 from pallas_gemm import heuristics
 from pallas_gemm.config import SMEM_LIMIT_BYTES, GemmConfig, GemmProblem, fit_stages
+from hypothesis_budget import examples
 
 CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "calibration")
 BOARDS = ("h100", "h200")
@@ -90,7 +91,7 @@ def test_estimate_orders_waves_and_tiles():
   assert heuristics.estimate(two, wide) > 1.5 * heuristics.estimate(one, wide)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     m=st.integers(1, 70000),
     n=st.integers(1, 70000),
@@ -117,7 +118,7 @@ def test_default_config_is_valid_for_any_problem(m, n, k, dtype, transpose_a, tr
   assert config in {heuristics.short_k_stores(problem, c) for c in options} or not options
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     schedule=st.sampled_from(["cooperative", "pingpong"]),
     tile=st.sampled_from([(64, 128), (128, 128), (128, 256), (64, 256)]),

@@ -10,13 +10,14 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from pallas_gemm import pipeline, raster, smem, split_k, tma_padding  # noqa: E402
+from hypothesis_budget import examples
 
 DTYPES = ["bfloat16", "float16", "float32", "float8_e4m3fn"]
 
 
 # -- raster -----------------------------------------------------------------------------
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None)  # each example runs jnp ops eagerly (~0.2 s)
+@settings(max_examples=examples(20), deadline=None)  # each example runs jnp ops eagerly (~0.2 s)
 @given(
     m_tiles=st.integers(1, 40),
     n_tiles=st.integers(1, 40),
@@ -45,7 +46,7 @@ def test_an_unknown_raster_order_is_named():
 
 
 # -- shared memory ----------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     shapes=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=0, max_size=5),
     dtype=st.sampled_from(DTYPES),
@@ -59,7 +60,7 @@ def test_the_footprint_counts_each_buffer_in_whole_kib_plus_the_barriers(shapes,
   assert total >= smem.RESERVED_BYTES + sum(raw)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     dtype=st.sampled_from(DTYPES),
     tile_minor=st.sampled_from([16, 32, 64, 128, 256]),
@@ -85,14 +86,14 @@ def test_deepest_returns_the_first_fit_or_the_last_candidate():
 
 
 # -- TMA padding ------------------------------------------------------------------------
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(x=st.integers(0, 100_000), multiple=st.integers(1, 512))
 def test_round_up_is_the_least_multiple_not_below(x, multiple):
   r = tma_padding.round_up(x, multiple)
   assert r % multiple == 0 and x <= r < x + multiple
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(rows=st.integers(1, 10_000), cols=st.integers(1, 10_000), dtype=st.sampled_from(DTYPES))
 def test_tma_extents_are_legal_and_minimal(rows, cols, dtype):
   r = tma_padding.tma_rows(rows)
@@ -102,7 +103,7 @@ def test_tma_extents_are_legal_and_minimal(rows, cols, dtype):
   assert smem.is_tma_compatible_extent(dtype, c, 128) and cols <= c < cols + span
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     shape=st.tuples(st.integers(1, 4), st.integers(1, 9), st.integers(1, 9)),
     grow=st.tuples(st.integers(-3, 5), st.integers(-3, 5)),
@@ -127,7 +128,7 @@ def test_the_register_split_fits_the_register_file(consumers):
   assert 128 * (consumers * grown + pipeline.MEMORY_REGISTERS) <= 65536
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(splits=st.integers(1, 6), batch=st.integers(1, 3), m=st.integers(1, 7), n=st.integers(1, 7))
 def test_split_k_partials_sum_slice_by_slice(splits, batch, m, n):
   parts = np.random.default_rng(splits * 7 + batch).standard_normal((splits, batch, m, n))

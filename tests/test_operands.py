@@ -16,6 +16,7 @@ import pallas_gemm
 from pallas_gemm import epilogue, gemm, hopper_gemm, operands
 from pallas_gemm.config import GemmConfig, GemmProblem
 from pallas_gemm.operands import COLUMN, OPERANDS, ROW, SCALAR, TILE
+from hypothesis_budget import examples
 
 KINDS = (COLUMN, ROW, TILE, SCALAR)
 dims = st.integers(1, 5)
@@ -25,7 +26,7 @@ def _shape(kind, m, n):
   return {"n": (n,), "m": (m,), "mn": (m, n), "": ()}[kind.axes]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     kind=st.sampled_from(KINDS), batch=st.integers(1, 3), m=dims, n=dims, seed=st.integers(0, 99)
 )
@@ -41,7 +42,7 @@ def test_cotangent_is_the_adjoint_of_the_broadcast(kind, batch, m, n, seed):
   assert lhs == pytest.approx(rhs, rel=1e-5, abs=1e-5)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     kind=st.sampled_from(KINDS), batch=st.integers(1, 3), m=dims, n=dims, seed=st.integers(0, 99)
 )
@@ -58,7 +59,7 @@ def test_folded_operand_is_the_broadcast_one_per_batch_entry(kind, batch, m, n, 
     np.testing.assert_array_equal(folded, x)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(kind=st.sampled_from((COLUMN, ROW, SCALAR)), size=st.integers(1, 3), m=dims, n=dims)
 def test_per_example_operand_broadcasts_like_each_example(kind, size, m, n):
   x = np.random.default_rng(size * 31 + m).standard_normal((size, *_shape(kind, m, n)))

@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from pallas_gemm import GemmConfig, GemmProblem, matmul, stream_k
 from pallas_gemm.hopper_gemm import hopper_gemm
+from hypothesis_budget import examples
 
 schedules = st.builds(
     stream_k.Schedule.plan,
@@ -28,7 +29,7 @@ def test_docstring_examples():
   assert doctest.testmod(stream_k).failed == 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(schedules)
 def test_every_k_step_of_every_tile_runs_once(s):
   covered = np.zeros((s.tiles, s.k_iters), int)
@@ -40,7 +41,7 @@ def test_every_k_step_of_every_tile_runs_once(s):
   assert (covered == 1).all()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(schedules)
 def test_ranges_are_balanced_and_waits_match_signals(s):
   lengths = [s.range_of(w)[1] for w in range(s.workers)]
