@@ -178,7 +178,7 @@ def _rel_err(y, ref) -> float:
 
 def _cycled(fn):
   """fn over every input set in turn, as one jitted call (built once per contender, so
-  every round times the same compiled program)."""
+  that its check and every round run the same compiled program)."""
   return jax.jit(lambda *sets: [fn(*args) for args in sets])
 
 
@@ -248,24 +248,24 @@ def run_weight_only(
           refs[kind] = x64 @ (
               np.asarray(w.astype(jnp.float32), np.float64) if kind == "bf16" else deq[kind]
           )
-        try:
-          y = jax.jit(fn)(x, operand)
-        except ValueError as e:  # a variant whose config does not fit this case
-          log(f"weight-only {case:20s} {name:10s} skipped: {str(e)[:100]}")
-          continue
-        running[name] = fn
-        err = _rel_err(y, refs[kind])
-        log(f"weight-only {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
-        if err > 1e-2:
-          raise SystemExit(f"{case} {name}: relative error {err:.1e}")
         nbytes = weight_bytes.get(name, k * n // 2)
         copies = _copies(nbytes) if timer is cupti_times_ms else 1
         fresh = lambda: jax.tree.map(lambda a: jnp.array(a, copy=True), operand)
         sets[name] = [(x, operand)] + [(x, fresh()) for _ in range(copies - 1)]
-      cycled = {name: _cycled(fn) for name, fn in running.items()}
+        cycled = _cycled(fn)  # checked and timed as one compiled program
+        try:
+          y = cycled(*sets[name])[0]
+        except ValueError as e:  # a variant whose config does not fit this case
+          log(f"weight-only {case:20s} {name:10s} skipped: {str(e)[:100]}")
+          continue
+        running[name] = cycled
+        err = _rel_err(y, refs[kind])
+        log(f"weight-only {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
+        if err > 1e-2:
+          raise SystemExit(f"{case} {name}: relative error {err:.1e}")
       for _ in range(rounds):
         for name in running:
-          _timed(cycled[name], sets[name], samples, name, iterations, timer)
+          _timed(running[name], sets[name], samples, name, iterations, timer)
       for name, times in samples.items():
         med = statistics.median(times)
         moved = weight_bytes.get(name, k * n // 2) + 2 * m * (k + n)
@@ -342,14 +342,13 @@ def run_grouped(experts_shapes, routed, *, implementation, rounds, iterations, t
       refs = {True: reference(w64), False: reference(d64)}  # by "the operand is bf16"
       case = f"{m}x{e}x{n}x{k}"
       samples = {}
-      for name, fn in contenders.items():
-        operand = operands[name]
-        err = _rel_err(jax.jit(fn)(x, operand, sizes), refs[operand is w])
+      cycled = {name: _cycled(fn) for name, fn in contenders.items()}
+      args = {name: [(x, operands[name], sizes)] for name in contenders}
+      for name in contenders:
+        err = _rel_err(cycled[name](*args[name])[0], refs[operands[name] is w])
         log(f"grouped {case:20s} {name:11s} rel. error vs float64 {err:.1e}")
         if err > 1e-2:
           raise SystemExit(f"{case} {name}: relative error {err:.1e}")
-      cycled = {name: _cycled(fn) for name, fn in contenders.items()}
-      args = {name: [(x, operands[name], sizes)] for name in contenders}
       for _ in range(rounds):
         for name in contenders:
           _timed(cycled[name], args[name], samples, name, iterations, timer)
@@ -389,12 +388,12 @@ def run_w8a8(shapes, *, implementation, rounds, iterations, timer, log=print):
     )
     case = f"{m}x{n}x{k}"
     samples = {}
-    for name, fn in contenders.items():
-      err = _rel_err(jax.jit(fn)(*args), ref_bf16 if name == "bf16_dot" else ref_q)
+    cycled = {name: _cycled(fn) for name, fn in contenders.items()}
+    for name in contenders:
+      err = _rel_err(cycled[name](args)[0], ref_bf16 if name == "bf16_dot" else ref_q)
       log(f"w8a8 {case:20s} {name:10s} rel. error vs float64 {err:.1e}")
       if err > 1e-2:
         raise SystemExit(f"{case} {name}: relative error {err:.1e}")
-    cycled = {name: _cycled(fn) for name, fn in contenders.items()}
     for _ in range(rounds):
       for name in contenders:
         _timed(cycled[name], [args], samples, name, iterations, timer)
