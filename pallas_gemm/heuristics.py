@@ -198,9 +198,11 @@ def short_k_stores(problem: GemmProblem, config: GemmConfig) -> GemmConfig:
 
   There the GEMM is output-bound (batched attention-like products, K = 64-128) and the
   consumers spend most of a tile storing: one store per warpgroup tile instead of four
-  64x64 chunks gained 4-5% on the fit sweep's short-K shapes (H100: 16x2048x2048x64 NT
-  0.919 -> 0.960x XLA, 8192x8192x96 0.921 -> 0.964), where more chunks in flight did
-  not (NOTES exp. 102). Four K steps and more keep the chunks and the deeper ring.
+  64x64 chunks, where more chunks in flight did not help, took 16x2048x2048x64 NT from
+  0.919 to 0.960x XLA and 8192x8192x96 from 0.921 to 0.964 (H100, fit shapes); against
+  the chunks 1.01-1.02x over the fit sweep's four short-K shapes, 1.01-1.05x over held-out
+  and unseen ones, on both boards (`benchmarks.short_k`, NOTES exp. 102). Four K steps and
+  more keep the chunks and the deeper ring.
 
   >>> cfg = short_k_stores(GemmProblem(m=8192, n=8192, k=96), GemmConfig(stages=4))
   >>> (cfg.epilogue_tile, cfg.stages)
