@@ -39,6 +39,8 @@
 #                                         # the shipped one
 #                                         # (run it on an H200: the refit was timed on H100s);
 #                                         # the GPT model with decode routed whole
+#   bash benchmarks/run_device.sh models # both default models with sustained clock, power and
+#                                         # joules per step (issue 15's table; ~9 min)
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -168,11 +170,17 @@ case "${1:-}" in
     step quantized_model 420 8 python -u -m benchmarks.model --arch llama --variants xla \
       --quantized 4,8 --in-process --loss-steps 1 --json "$OUT/quantized_model.json"
     ;;
+  models)
+    step model_gpt 280 6 python -u -m benchmarks.model --arch gpt --power 5 --loss-steps 10 \
+      --json "$OUT/model_gpt.json"
+    step model_llama 280 6 python -u -m benchmarks.model --arch llama --power 5 --loss-steps 10 \
+      --json "$OUT/model_llama.json"
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|short_k|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
     exit 2
     ;;
 esac
