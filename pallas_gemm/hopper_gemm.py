@@ -35,6 +35,7 @@ import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
+from pallas_gemm import block_mma
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import device_rings
@@ -78,6 +79,9 @@ class _Plan:
   """The mesh axis of its ring."""
   ring_size: int = 1
   """Devices along `ring_axis`: the device steps, each over one row chunk."""
+  fresh_blocks: bool = False
+  """Blockwise fp8: each K block's WGMMAs overwrite fresh registers (`block_mma`), as
+  on hardware; False in GPU interpret mode, which cannot run inline Mosaic GPU code."""
   copy_views: tuple = (None, None, None, None)
   """TMA-side transforms of the A, B, output and residual tiles whose arrays' rows do
   not come in groups of 8 (`smem.row_copy_transforms`), None where the rows do."""
@@ -294,6 +298,11 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
         b_tile = _compat.transpose_2d(b_tile)
       return a_tile, b_tile
 
+    def block_operands(_, a_tile, b_tile, *extra):
+      """Blockwise fp8: this warpgroup's K-major views of a stage's A and (N, K) B."""
+      del extra
+      return schedule.a_view(a_tile, wg), schedule.b_view(b_tile, wg, True)
+
     def block_scale(ni, _, a_tile, b_tile, a_scales, b_scales):
       """Blockwise fp8: the multiplier of one K block's product, A's per-row scales of
       this warpgroup's rows times B's (128 x 128) block scale (of tile column ni) or
@@ -344,6 +353,8 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
                 operands,
                 functools.partial(block_scale, ni),
                 depth=cfg.promotion_depth,
+                block_operands=block_operands if p.fresh_blocks else None,
+                transforms=p.a_transforms,
             ),
             batch_idx,
             row0,
@@ -804,6 +815,9 @@ def _launch(
       ring_axis=ring[0] if ring else None,
       ring_size=ring[1] if ring else 1,
       copy_views=copy_views,
+      fresh_blocks=interpret is None
+      and problem.block_scaled
+      and config.wg_tile[0] == block_mma.ROWS,
   )
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()
   if plan.splits > 1:

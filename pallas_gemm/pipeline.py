@@ -43,6 +43,7 @@ import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
+from pallas_gemm import block_mma
 from pallas_gemm import _compat
 from pallas_gemm import kernel_trace
 from pallas_gemm import smem as smem_lib
@@ -277,7 +278,16 @@ class Ring:
     return lax.fori_loop(k_begin, k_end, step, acc)
 
   def mma_promoted(
-      self, shape, step0, k_begin, k_end, operands: Callable, scale: Callable, depth: int = 2
+      self,
+      shape,
+      step0,
+      k_begin,
+      k_end,
+      operands: Callable,
+      scale: Callable,
+      depth: int = 2,
+      block_operands: Callable | None = None,
+      transforms: tuple = (),
   ):
     """Consumer: sum over K steps [k_begin, k_end) of `scale(k, *views) * (a @ b)`, each
     step's product in a fresh f32 WGMMA accumulator promoted into a register sum (the
@@ -287,8 +297,11 @@ class Ring:
     `operands` as in `mma`; `scale(k, *stage_views)` returns the multiplier of step k's
     (`shape`) product, read before the stage is released. `depth` 2 issues the WGMMAs
     of two steps before scaling the first, so that the second runs on the tensor cores
-    while the first is scaled; 1 is serial. Bounds are Python ints or traced scalars.
-    Returns the f32 sum.
+    while the first is scaled; 1 is serial. With `block_operands(k, *stage_views)`
+    (K-major A and B views, their SMEM `transforms`) the steps go through `block_mma`,
+    whose first WGMMA of a step overwrites fresh registers: no accumulator is zeroed
+    (hardware only; 10-16% faster on the H200, NOTES exp. 110). Bounds are Python ints
+    or traced scalars. Returns the f32 sum.
     """
 
     def issue(k, acc):
@@ -308,7 +321,7 @@ class Ring:
         plgpu.barrier_arrive(self.consumed.at[slot])
         return total + part * factor
 
-    def steps(k, total, count):
+    def zeroed_steps(k, total, count):
       """`count` (1 or 2) steps from k, their accumulators zeroed by the scope."""
 
       def scoped(*accs):
@@ -320,6 +333,23 @@ class Ring:
 
       return pl.run_scoped(scoped, *[plgpu.ACC(shape, jnp.float32)] * count)
 
+    def fresh_steps(k, total, count):
+      """`count` (1 or 2) steps from k through `block_mma`; their stages are released
+      once both are scaled."""
+      slots, blocks = [], []
+      for i in range(count):
+        slot = self.slot(step0 + k + i - k_begin)
+        self.wait_loaded(slot)
+        views = self.stage(slot)
+        blocks.append((*block_operands(k + i, *views), scale(k + i, *views)))
+        slots.append(slot)
+      with jax.named_scope("promote"):
+        total = block_mma.promote(total, blocks, transforms)
+      for slot in slots:
+        plgpu.barrier_arrive(self.consumed.at[slot])
+      return total
+
+    steps = zeroed_steps if block_operands is None else fresh_steps
     total = jnp.zeros(shape, jnp.float32)
     count = k_end - k_begin
     pairs = _halve(count) if depth == 2 else 0

@@ -55,6 +55,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_gemm import block_mma
 from pallas_gemm import _compat
 from pallas_gemm import compile_once
 from pallas_gemm import pipeline
@@ -258,6 +259,9 @@ class _Plan:
   copy_views: tuple = (None, None)
   """TMA views of the lhs and output tiles where those arrays' rows are not a multiple
   of 8 (`smem.row_copy_transforms`), else None."""
+  fresh_blocks: bool = False
+  """Blockwise fp8: each K block's WGMMAs overwrite fresh registers (`block_mma`), as
+  on hardware; False in GPU interpret mode, which cannot run inline Mosaic GPU code."""
 
   @property
   def k_iters(self) -> int:
@@ -423,6 +427,11 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
       a_tile = a_stage.at[pl.ds(wg * wm, wm), :]
       return a_tile, _compat.transpose_2d(b_stage) if prob.transpose_rhs else b_stage
 
+    def block_operands(_, a_stage, b_stage, *scales):
+      """Blockwise fp8: this warpgroup's rows of the lhs stage and the (N, K) rhs stage."""
+      del scales
+      return a_stage.at[pl.ds(wg * wm, wm), :], b_stage
+
     def block_scale(ni, _, a_stage, b_stage, a_scales, b_scales):
       """Blockwise fp8: this warpgroup's row scales of a K block times the rhs block's
       (of tile column ni)."""
@@ -441,7 +450,14 @@ def _kernel(sizes_gmem, lhs_gmem, rhs_gmem, a_scales_gmem, b_scales_gmem, out_gm
             result = lax.cond(
                 item.compute,
                 lambda: ring.mma_promoted(
-                    (wm, wn), step0, 0, p.k_iters, operands, functools.partial(block_scale, ni)
+                    (wm, wn),
+                    step0,
+                    0,
+                    p.k_iters,
+                    operands,
+                    functools.partial(block_scale, ni),
+                    block_operands=block_operands if p.fresh_blocks else None,
+                    transforms=ab_tf,
                 ),
                 lambda: jnp.zeros((wm, wn), jnp.float32),  # the tail: zeros
             )
@@ -581,7 +597,8 @@ def ragged_gemm(
       smem.row_copy_view("the output", problem.rows, out_view),
   )
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
-  plan = _Plan(problem, config, ab_swizzle, out_swizzle, copy_views)
+  fresh_blocks = interpret is None and problem.block_scaled and config.wg_tile[0] == block_mma.ROWS
+  plan = _Plan(problem, config, ab_swizzle, out_swizzle, copy_views, fresh_blocks)
   kernel = pipeline.launch(
       compile_once.named_body(
           "pallas_gemm_ragged" + ("_blockwise" if problem.block_scaled else ""), _kernel, p=plan

@@ -15,6 +15,7 @@ import pytest
 
 import pallas_gemm
 from pallas_gemm import _compat
+from pallas_gemm import block_mma
 from pallas_gemm import blockwise as bw
 from pallas_gemm import compile_once
 from pallas_gemm.config import GemmConfig
@@ -165,6 +166,32 @@ def test_lowers_for_cuda_at_deepseek_shapes(depth):
     f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, config=config, implementation="pallas"))
     text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
     assert compile_once.module_kernel_count(text) == 1
+
+
+@pytest.mark.parametrize("k,b_dtype", [(7168, E4M3), (7168 + 64, jnp.float8_e5m2)])
+def test_k_blocks_overwrite_fresh_registers_on_hardware(k, b_dtype):
+  # `block_mma`: each K block's first WGMMA has scale-d = 0 (no zeroed accumulator), at
+  # the 128-byte swizzle and, where K is an odd number of 64-byte rows, the 64-byte one
+  m, n = 1000, 2112
+  s = jax.ShapeDtypeStruct
+  args = (s((m, k), E4M3), s((n, k), b_dtype), s((m, -(-k // 128)), jnp.float32))
+  args += (s((-(-n // 128), -(-k // 128)), jnp.float32),)
+  f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, implementation="pallas"))
+  text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
+  b_type = "e4m3" if b_dtype == E4M3 else "e5m2"
+  assert "setp.ne.b32 p, 0, 0;" in text
+  assert f"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.{b_type}" in text
+
+
+def test_block_descriptors_step_through_each_swizzle_span():
+  # 32 bytes per instruction inside a swizzle span; SMEM tiled (8, swizzle bytes) keeps
+  # a row tile's spans together, so the next span starts 8 * swizzle bytes on
+  for swizzle in (32, 64, 128):
+    bits = block_mma.descriptor_bits(E4M3, (64, 128), swizzle)
+    starts = [(b & 0x3FFF) << 4 for b in bits]
+    per_span = swizzle // 32
+    assert starts == [(i // per_span) * 8 * swizzle + (i % per_span) * 32 for i in range(4)]
+    assert {b >> 14 for b in bits} == {bits[0] >> 14}  # same LBO, SBO and swizzle mode
 
 
 def test_block_config():
@@ -462,6 +489,7 @@ def test_grouped_lowers_for_cuda_at_a_moe_shape():
   f = jax.jit(lambda *a: bw.blockwise_ragged_dot(*a, implementation="pallas"))
   text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
   assert compile_once.module_kernel_count(text) == 1 and "ragged_blockwise" in text
+  assert "setp.ne.b32 p, 0, 0;" in text  # `block_mma`'s fresh registers
 
 
 def test_grouped_bad_input():
