@@ -130,7 +130,8 @@ class GemmConfig:
     promotion_depth: blockwise fp8 only: K blocks multiplied into fresh accumulators
       before their products are scaled into the sum (`Ring.mma_promoted`): 2 lets one
       block's WGMMA run while the previous block is scaled, at 64 more registers per
-      thread: 1-14% faster than 1 (serial) on the H100 (NOTES exp. 63).
+      thread: 1-14% faster than 1 (serial) on the H100 (NOTES exp. 63); the default is 1
+      with per-row B scales, whose factor array would not fit beside two blocks (exp. 112).
   """
 
   tile_m: int = 128

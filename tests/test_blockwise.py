@@ -203,6 +203,12 @@ def test_block_config():
   cfg = bw.block_config(problem)
   cfg.validate(problem)
   assert (cfg.tile_k, cfg.tile_n, cfg.split_k, cfg.cluster) == (128, 128, 1, (1, 1))
+  assert cfg.promotion_depth == 2
+  # per-row B scales (the weight gradient's, jax.nn.scaled_matmul's): a full factor array
+  # per block, so one block in flight (two spill)
+  for rows, block_k in ((1, 128), (1, 32)):
+    per_row = dataclasses.replace(problem, b_scale_rows=rows, scale_block_k=block_k)
+    assert bw.block_config(per_row).promotion_depth == 1
 
 
 def test_bad_input_names_the_argument():
