@@ -34,7 +34,9 @@ from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, tiles
-from pallas_gemm.ragged_gemm import UNROLL_GROUPS
+
+UNROLL_PREFIX = 32
+"""Up to this many groups a group's first row is summed by unrolled code, beyond in a loop."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +118,7 @@ def _group_rows(sizes_gmem, g, problem: TgmmProblem):
     )
 
   start = jnp.int32(0)
-  if problem.groups <= UNROLL_GROUPS:
+  if problem.groups <= UNROLL_PREFIX:
     for i in range(problem.groups):
       start = body(i, start)
   else:

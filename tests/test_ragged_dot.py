@@ -31,6 +31,7 @@ from pallas_gemm.ragged_gemm import (
     RaggedProblem,
     _item_decoder,
     _Plan,
+    item_table,
     default_ragged_config,
     max_items,
     ragged_gemm,
@@ -85,20 +86,23 @@ def _check(out, ref):
         dict(m=130, sizes=[1, 1, 1, 1, 1, 1, 1, 1, 100]),  # many groups in one tile
         dict(m=300, rows=384, sizes=[10, 250]),  # padded output rows (interpret)
         dict(m=2000, sizes=[0, 7, 100, 1, 0] * 8),  # 40 groups: the decoder's loop form
+        dict(m=1000, sizes=[700, -3, 2**31 - 1, 5]),  # negative and huge sizes: clipped
     ],
 )
-def test_schedule_writes_every_row_once(case):
+@pytest.mark.parametrize("table", [False, True], ids=["in-kernel", "item_table"])
+def test_schedule_writes_every_row_once(case, table):
   m, rows, sizes = case["m"], case.get("rows"), np.asarray(case["sizes"], np.int32)
   problem = RaggedProblem(m=m, n=256, k=64, groups=len(sizes), m_out=rows)
   config = RaggedConfig()
-  plan = _Plan(problem, config, 128, 64)
+  plan = _Plan(problem, config, 128, 64, item_table=table)
   rows = problem.rows
   owner = np.full(rows, -2)
-  ends = np.minimum(np.cumsum(sizes), m)
+  ends = np.minimum(np.cumsum(np.clip(sizes, 0, m).astype(np.int64)), m)
   group_of_row = np.searchsorted(ends, np.arange(rows), side="right")  # G for the tail
-  decode = jax.jit(
-      jax.vmap(lambda w: dataclasses.astuple(_item_decoder(jnp.asarray(sizes), plan)(w)))
-  )
+  source = jnp.asarray(sizes)
+  if table:  # the items listed by XLA, read per item by the kernel
+    source = item_table(source, problem, config.tile_m, max_items(problem, config))
+  decode = jax.jit(jax.vmap(lambda w: dataclasses.astuple(_item_decoder(source, plan)(w))))
   items = [np.asarray(x) for x in decode(jnp.arange(max_items(problem, config)))]
   for group, r0, lo, hi, active, compute in zip(*items):
     if not active:
@@ -229,8 +233,10 @@ def test_a_list_epilogue_tile_becomes_a_tuple():
 
 
 def test_export_many_groups():
-  """Past UNROLL_GROUPS the decoder is a loop in the kernel."""
-  _export(4096, 512, 1024, 64)
+  """Past UNROLL_GROUPS the kernel reads its items from `item_table`: (4, items) int32."""
+  problem = RaggedProblem(m=4096, n=1024, k=512, groups=64)
+  items = max_items(problem, default_ragged_config(problem))
+  assert f"tensor<4x{items}xi32>" in _export(4096, 512, 1024, 64).mlir_module()
 
 
 @pytest.mark.parametrize("m,p,q,g", [(16384, 2048, 16384, 16), (1001, 72, 136, 40)])
@@ -343,6 +349,17 @@ def test_interpret_random_groups():
   lhs, rhs = _random(rng, (m, k)), _random(rng, (4, k, n))
   out = ragged_dot(lhs, rhs, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))
   assert out.dtype == jnp.bfloat16
+  _check(out, _reference(lhs, rhs, sizes, False))
+
+
+def test_interpret_many_groups_read_the_item_table():
+  """40 groups (past UNROLL_GROUPS: the kernel reads `item_table`), most of them tiny or
+  empty, rows past the sum."""
+  rng = np.random.default_rng(4)
+  m, k, n, g = 160, 64, 128, 40
+  sizes = _random_sizes(rng, g, m, total=150)
+  lhs, rhs = _random(rng, (m, k)), _random(rng, (g, k, n))
+  out = ragged_dot(lhs, rhs, sizes, implementation="interpret", config=RaggedConfig(tile_n=128))
   _check(out, _reference(lhs, rhs, sizes, False))
 
 
