@@ -18,6 +18,8 @@
 #                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
+#   bash benchmarks/run_device.sh groups # many groups (NOTES exps. 113-114): the grouped GPU
+#                                         # tests, then ragged_dot fwd+bwd at 32 and 256 groups
 #   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
 #                                         # fused all-gather kernel's first run), TP MLP timing
 #   bash benchmarks/run_device.sh new    # one GPU: custom-activation and quantized GPU tests,
@@ -92,6 +94,14 @@ case "${1:-}" in
     step glu 200 12 python -u -m benchmarks.glu --rounds 3 --iterations 5 --out "$OUT/glu"
     step glu_mlp 220 12 python -u -m benchmarks.glu --block mlp --rounds 3 --iterations 5 \
       --out "$OUT/glu"
+    ;;
+  groups)
+    step groups_check 200 3 python -u -m pytest -q -rf -m gpu tests/test_ragged_dot.py \
+      tests/test_blockwise.py -k "device_checks or grouped or ragged"
+    step groups_32 150 6 python -u -m benchmarks.ragged_dot --shapes 16384x4096x2048 --groups 32 \
+      --layouts N --no-check --rounds 3 --iterations 5 --out "$OUT/groups_32"
+    step groups_256 200 6 python -u -m benchmarks.ragged_dot --shapes 16384x4096x2048 \
+      --groups 256 --layouts N --no-check --rounds 3 --iterations 5 --out "$OUT/groups_256"
     ;;
   blockwise)
     step blockwise_check 150 3 python -u -m pytest -q -m gpu tests/test_blockwise.py
@@ -180,7 +190,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|short_k|glu|blockwise|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|short_k|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
     exit 2
     ;;
 esac

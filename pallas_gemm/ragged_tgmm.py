@@ -36,7 +36,9 @@ from pallas_gemm import smem
 from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, tiles
 
 UNROLL_PREFIX = 32
-"""Up to this many groups a group's first row is summed by unrolled code, beyond in a loop."""
+"""Up to this many groups a work item sums the sizes before its group by unrolled code;
+beyond, it reads its group's rows from `group_bounds`, which XLA lists (a loop over the
+sizes where their int32 sums could overflow)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +111,27 @@ def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
   )
 
 
+def group_bounds(group_sizes, m: int):
+  """(G + 1,) int32: group g's rows are [bounds[g], bounds[g + 1]) (sizes clamped to
+  >= 0, ends cut at m). Needs G * m < 2**31.
+
+  >>> group_bounds(jnp.array([3, -1, 9, 4]), 10).tolist()
+  [0, 3, 3, 10, 10]
+  """
+  sizes = jnp.minimum(jnp.maximum(group_sizes.astype(jnp.int32), 0), m)
+  return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.minimum(jnp.cumsum(sizes), m)])
+
+
+def _lists_bounds(problem: TgmmProblem) -> bool:
+  """Whether the kernel reads `group_bounds` (past UNROLL_PREFIX groups, int32 sums)."""
+  return problem.groups > UNROLL_PREFIX and problem.groups * problem.m < 2**31
+
+
 def _group_rows(sizes_gmem, g, problem: TgmmProblem):
-  """[start, end) rows of group g (sizes clamped to >= 0, ends cut at m)."""
+  """[start, end) rows of group g (sizes clamped to >= 0, ends cut at m); `sizes_gmem`
+  is `group_bounds`' where `_lists_bounds`."""
+  if _lists_bounds(problem):
+    return sizes_gmem[g], sizes_gmem[g + 1]
 
   def body(i, start):  # sizes clipped before adding: offsets stay <= m, no int32 overflow
     return start + jnp.where(
@@ -248,4 +269,5 @@ def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, 
       workers=num_sms,
       interpret=interpret,
   )
-  return kernel(group_sizes.astype(jnp.int32), x, y)
+  sizes = group_sizes.astype(jnp.int32)
+  return kernel(group_bounds(sizes, problem.m) if _lists_bounds(problem) else sizes, x, y)

@@ -444,14 +444,25 @@ def test_interpret_gradient_matches_lax(transpose_rhs):
 
 @pytest.mark.slow
 @needs_transposes
-def test_interpret_tgmm_boundaries():
+@pytest.mark.parametrize(
+    "sizes,p,q",
+    [
+        ([0, 70, 1, 0, 190, 40], 200, 300),
+        ([0, 9, 1, 0, 30, 2, 3, 0, 5] * 4 + [7, 2**31 - 1], 72, 100),  # 38: `group_bounds`
+    ],
+    ids=["6-groups", "38-groups"],
+)
+def test_interpret_tgmm_boundaries(sizes, p, q):
   """ragged_tgmm alone: groups starting and ending inside 64-row chunks, empty groups,
-  a tail of rows in no group, odd P/Q (padded), several P and Q tiles."""
+  a tail of rows in no group (or a huge last size, clipped), odd P/Q (padded), several P
+  and Q tiles; past UNROLL_PREFIX groups the kernel reads `group_bounds`."""
   rng = np.random.default_rng(6)
-  m, p, q = 330, 200, 300
-  sizes = jnp.asarray([0, 70, 1, 0, 190, 40], jnp.int32)
+  m = 330
+  sizes = jnp.asarray(sizes, jnp.int32)
   x, y = _random(rng, (m, p)), _random(rng, (m, q))
   out = _run_tgmm(x, y, sizes, "bfloat16", interpret=True)
+  ends = np.minimum(np.cumsum(np.clip(np.asarray(sizes, np.int64), 0, m)), m)
+  sizes = jnp.asarray(np.diff(np.concatenate([[0], ends])), jnp.int32)  # as the kernel clips
   dims = lax.RaggedDotDimensionNumbers(
       dot_dimension_numbers=(([0], [0]), ([], [])),
       lhs_ragged_dimensions=[0],
@@ -460,7 +471,7 @@ def test_interpret_tgmm_boundaries():
   ref = lax.ragged_dot_general(
       x.astype(jnp.float32), y.astype(jnp.float32), sizes, dims, precision=lax.Precision.HIGHEST
   )
-  assert out.shape == (6, p, q)
+  assert out.shape == (len(sizes), p, q)
   _check(np.asarray(out.astype(jnp.float32)).reshape(-1, q), np.asarray(ref).reshape(-1, q))
 
 
