@@ -817,6 +817,8 @@ def _launch(
       copy_views=copy_views,
       fresh_blocks=interpret is None
       and problem.block_scaled
+      and problem.transpose_b
+      and not problem.transpose_a
       and config.wg_tile[0] == block_mma.ROWS,
   )
   lead = (problem.batch,) if a.ndim == 3 or b.ndim == 3 else ()

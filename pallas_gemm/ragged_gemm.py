@@ -330,7 +330,9 @@ def item_table(group_sizes, problem: RaggedProblem, tile_m: int, length: int):
   spans = jnp.where(stops > starts, (stops - bases + tile_m - 1) // tile_m, 0)
   last = jnp.cumsum(spans)  # one past each segment's last item
   w = jnp.arange(length, dtype=jnp.int32)
-  seg = jnp.searchsorted(last, w, side="right").astype(jnp.int32)  # g + 1: past the end
+  # the segment of item w: how many segments end at or before it (g + 1: past the end);
+  # a comparison count, as jax 0.12 will not lower searchsorted inside the kernel's entry
+  seg = jnp.sum(last[None, :] <= w[:, None], axis=1, dtype=jnp.int32)
   at = jnp.minimum(seg, g)
   first = last[at] - spans[at]
   active = seg <= g
@@ -648,7 +650,12 @@ def ragged_gemm(
       smem.row_copy_view("the output", problem.rows, out_view),
   )
   num_sms = config.num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
-  fresh_blocks = interpret is None and problem.block_scaled and config.wg_tile[0] == block_mma.ROWS
+  fresh_blocks = (
+      interpret is None
+      and problem.block_scaled
+      and problem.transpose_rhs
+      and config.wg_tile[0] == block_mma.ROWS
+  )
   table = _lists_items(problem)
   plan = _Plan(problem, config, ab_swizzle, out_swizzle, copy_views, fresh_blocks, table)
   kernel = pipeline.launch(
