@@ -69,10 +69,10 @@ def _issue(a_descs, b_descs, n: int, a_type: str, b_type: str) -> list:
   d = "{" + ",".join(f"${i}" for i in range(count)) + "}"
   lines = ["{", ".reg .pred p;", "wgmma.fence.sync.aligned;"]
   steps = len(a_descs)
-  for k, (a, b) in enumerate(
-      zip(range(count, count + steps), range(count + steps, count + 2 * steps))
-  ):
-    lines.append(f"setp.ne.b32 p, {min(k, 1)}, 0;")
+  for k in range(steps):
+    a, b = count + k, count + steps + k  # asm operands: the outputs, then A's, then B's
+    scale_d = 0 if k == 0 else 1  # 0: overwrite, 1: accumulate
+    lines.append(f"setp.ne.b32 p, {scale_d}, 0;")
     lines.append(
         f"wgmma.mma_async.sync.aligned.m64n{n}k{_K_INSTR}.f32.{a_type}.{b_type} "
         f"{d}, ${a}, ${b}, p, 1, 1;"
@@ -102,8 +102,9 @@ def promote(total, blocks, transforms):
   """`total + sum(product(a, b) * factor for a, b, factor in blocks)`, each product one
   K block's WGMMAs into fresh registers; all blocks are issued before the first wait.
 
-  total: (64, n) f32; blocks: up to two (a_view, b_view, factor) triples, the views
-  K-major (rows, k) fp8 in SMEM; transforms: the views' (tiling, swizzle) transforms."""
+  total: (64, n) f32; blocks: one or two (a_view, b_view, factor) triples, the views
+  K-major (rows, k) fp8 in SMEM; transforms: their (tiling, swizzle) SMEM transforms,
+  which A's and B's share."""
   if total.shape[0] != ROWS or len(blocks) not in (1, 2):
     raise ValueError(f"promote: a ({ROWS}, n) sum and one or two blocks, got {total.shape}")
   n = total.shape[1]
