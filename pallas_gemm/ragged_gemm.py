@@ -610,7 +610,6 @@ def row_views(dtype, out_dtype, config: RaggedConfig, ab_swizzle, out_swizzle) -
   return tuple(views)
 
 
-@compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def ragged_gemm(
     lhs,
     rhs,
@@ -634,6 +633,19 @@ def ragged_gemm(
   Returns:
     (problem.rows, problem.n) array of `problem.out_dtype`.
   """
+  items = group_sizes.astype(jnp.int32)
+  if _lists_items(problem):  # listed out here: the kernel's entry stays one custom call
+    items = item_table(items, problem, config.tile_m, max_items(problem, config))
+  return _ragged_kernel(
+      items, lhs, rhs, block_scales, problem=problem, config=config, interpret=interpret
+  )
+
+
+@compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
+def _ragged_kernel(items, lhs, rhs, block_scales, *, problem, config, interpret):
+  """`ragged_gemm`'s kernel; `items` is the group sizes or `item_table`'s table. The
+  arguments come in the kernel's order, so that the entry lowers to exactly its custom
+  call (`kernel_cache` stores only those)."""
   config.validate(problem)
   ab_swizzle = smem.widest_swizzle(lhs.dtype, config.tile_k, lhs.shape[-1], rhs.shape[-1])
   if ab_swizzle is None:
@@ -656,8 +668,9 @@ def ragged_gemm(
       and problem.transpose_rhs
       and config.wg_tile[0] == block_mma.ROWS
   )
-  table = _lists_items(problem)
-  plan = _Plan(problem, config, ab_swizzle, out_swizzle, copy_views, fresh_blocks, table)
+  plan = _Plan(
+      problem, config, ab_swizzle, out_swizzle, copy_views, fresh_blocks, _lists_items(problem)
+  )
   kernel = pipeline.launch(
       compile_once.named_body(
           "pallas_gemm_ragged" + ("_blockwise" if problem.block_scaled else ""), _kernel, p=plan
@@ -669,7 +682,4 @@ def ragged_gemm(
   if (block_scales is not None) != problem.block_scaled:
     raise ValueError("block_scales and problem.block_scaled go together")
   a_scales, b_scales = block_scales if block_scales is not None else (None, None)
-  items = group_sizes.astype(jnp.int32)
-  if table:
-    items = item_table(items, problem, config.tile_m, max_items(problem, config))
   return kernel(items, lhs, rhs, a_scales, b_scales)

@@ -157,3 +157,30 @@ def test_compile_ahead_is_off_without_a_gpu_and_drops_failures(monkeypatch):
   failing = compile_ahead.submit("fails", lambda: 1 / 0)
   assert failing.result(timeout=60) is False
   compile_ahead.forget()
+
+
+@pytest.mark.parametrize("G", [4, 40])
+def test_grouped_kernels_are_lowered_once_for_every_program(monkeypatch, G):
+  """The grouped kernels' entries lower to exactly their custom calls (their arguments in
+  the kernel's order; past the unrolled limits, 40 groups, the work lists `item_table`
+  and `group_bounds` made outside the entries), so a later program reuses them."""
+
+  def loss(x, w, sizes):
+    y = pallas_gemm.ragged_dot(x, w, sizes, implementation="pallas")
+    return jnp.square(y.astype(jnp.float32)).sum()  # the backward needs y: three kernels
+
+  args = (
+      jax.ShapeDtypeStruct((4096, 512), jnp.bfloat16),
+      jax.ShapeDtypeStruct((G, 512, 256), jnp.bfloat16),
+      jax.ShapeDtypeStruct((G,), jnp.int32),
+  )
+  step = lambda: jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1))), platforms=["cuda"])(
+      *args
+  )
+  kernels = lambda: step().mlir_module().count("stablehlo.custom_call @mosaic_gpu")
+  jax.clear_caches()
+  kernel_cache.forget()
+  assert kernels() == 3  # forward, dlhs, drhs
+  jax.clear_caches()
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  assert kernels() == 3
