@@ -170,15 +170,16 @@ def _lower(ctx, *args, jaxpr, key):
     _store(key, stored)  # the next process emits this very call: jax's cache then hits
   if stored is not None:
     try:
+      flat = _flat(args)
       op = mlir.ir.Operation.create(
           "stablehlo.custom_call",
           results=[mlir.ir.Type.parse(t) for t in stored["results"]],
-          operands=_flat(args),
+          operands=[flat[i] for i in stored["operands"]],
           attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()},
       )
       _lowered[key] = stored
       return list(op.results)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, IndexError):
       pass  # unreadable: lower it
   outs = lower_kernel(ctx, args, jaxpr)
   stored = _single_custom_call(outs, _flat(args))
@@ -303,18 +304,23 @@ def _flat(values) -> list:
 
 
 def _single_custom_call(outs, operands) -> dict | None:
-  """The result types and attributes (as text) of the one custom call that takes
-  `operands` and makes `outs`, or None when the lowering is anything else."""
+  """The result types and attributes (as text) of the one custom call that makes `outs`
+  from the entry's `operands` (each operand of the call one of them, in any order and
+  any number of times: a launcher may pass an argument again where an operand is
+  absent), with those operands as indices into `operands`; None when the lowering is
+  anything else."""
   outs = _flat(outs)
   if not outs:
     return None
   op = getattr(outs[0].owner, "operation", outs[0].owner)
-  if getattr(op, "name", None) != "stablehlo.custom_call":
+  if getattr(op, "name", None) != "stablehlo.custom_call" or list(op.results) != outs:
     return None
-  if list(op.results) != outs or list(op.operands) != list(operands):
+  arguments = list(operands)
+  if any(value not in arguments for value in op.operands):
     return None
   return {
       "results": [str(v.type) for v in outs],
+      "operands": [arguments.index(value) for value in op.operands],
       "attributes": {name: str(op.attributes[name]) for name in op.attributes},
   }
 

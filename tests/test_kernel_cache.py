@@ -184,3 +184,24 @@ def test_grouped_kernels_are_lowered_once_for_every_program(monkeypatch, G):
   jax.clear_caches()
   monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
   assert kernels() == 3
+
+
+@pytest.mark.parametrize("bits,m", [(4, 16), (8, 512)])
+def test_weight_only_kernels_are_lowered_once_for_every_program(monkeypatch, bits, m):
+  """The weight-only launcher passes x again where an operand is absent: the store keeps
+  the call's operands as indices into the entry's arguments."""
+  w = jax.random.normal(jax.random.key(0), (1024, 512), jnp.float32).astype(jnp.bfloat16)
+  qw = pallas_gemm.quantize_weights(w, bits=bits)
+  fn = jax.jit(lambda x: pallas_gemm.quantized_matmul(x, qw, implementation="pallas"))
+  x = jax.ShapeDtypeStruct((m, 1024), jnp.bfloat16)
+  kernels = (
+      lambda: jax.export.export(fn, platforms=["cuda"])(x)
+      .mlir_module()
+      .count("stablehlo.custom_call @mosaic_gpu")
+  )
+  jax.clear_caches()
+  kernel_cache.forget()
+  assert kernels() == 1
+  jax.clear_caches()
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  assert kernels() == 1
