@@ -159,7 +159,7 @@ def test_compile_ahead_is_off_without_a_gpu_and_drops_failures(monkeypatch):
   compile_ahead.forget()
 
 
-@pytest.mark.parametrize("G", [4, 40])
+@pytest.mark.parametrize("G", [pytest.param(4, marks=pytest.mark.slow), 40])
 def test_grouped_kernels_are_lowered_once_for_every_program(monkeypatch, G):
   """The grouped kernels' entries lower to exactly their custom calls (their arguments in
   the kernel's order; past the unrolled limits, 40 groups, the work lists `item_table`

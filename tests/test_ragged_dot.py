@@ -352,6 +352,7 @@ def test_interpret_random_groups():
   _check(out, _reference(lhs, rhs, sizes, False))
 
 
+@pytest.mark.slow
 def test_interpret_many_groups_read_the_item_table():
   """40 groups (past UNROLL_GROUPS: the kernel reads `item_table`), most of them tiny or
   empty, rows past the sum."""
@@ -448,7 +449,9 @@ def test_interpret_gradient_matches_lax(transpose_rhs):
     "sizes,p,q",
     [
         ([0, 70, 1, 0, 190, 40], 200, 300),
-        ([0, 9, 1, 0, 30, 2, 3, 0, 5] * 4 + [7, 2**31 - 1], 72, 100),  # 38: `group_bounds`
+        pytest.param(  # 38 groups: `group_bounds`
+            [0, 9, 1, 0, 30, 2, 3, 0, 5] * 4 + [7, 2**31 - 1], 72, 100, marks=pytest.mark.slow
+        ),
     ],
     ids=["6-groups", "38-groups"],
 )
