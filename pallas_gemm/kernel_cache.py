@@ -14,10 +14,11 @@ key, is the same either way.
 `launch(fn, static, args)` calls `fn(*args, **static)` through a primitive
 whose CUDA lowering consults the store. The entry's name is a hash of what
 decides the lowering: the package's source, jax's version, the device, the
-kernel function, its static arguments and the operand types. A kernel whose
-lowering is more than one custom call of its operands, a static argument
-without a stable `repr`, another platform or no cache dir: lowered as usual,
-nothing stored.
+kernel function, its static arguments and the operand types. The stored call
+names its operands as indices into the entry's arguments (any order, repeats
+allowed). A kernel whose lowering is more than one custom call on those
+arguments (XLA ops around it), a static argument without a stable `repr`,
+another platform or no cache dir: lowered as usual, nothing stored.
 
 >>> import jax, jax.numpy as jnp
 >>> double = lambda x, *, k: x * k
