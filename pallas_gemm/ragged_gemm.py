@@ -310,6 +310,22 @@ def _clipped(size, room):
   return jnp.minimum(jnp.maximum(size, 0), room)
 
 
+def group_bounds(group_sizes, m: int):
+  """(G + 1,) int32: group g's rows are [bounds[g], bounds[g + 1]) (sizes clamped to
+  >= 0, ends cut at m). Needs `int32_row_sums(G, m)`.
+
+  >>> group_bounds(jnp.array([3, -1, 9, 4]), 10).tolist()
+  [0, 3, 3, 10, 10]
+  """
+  sizes = jnp.minimum(jnp.maximum(group_sizes.astype(jnp.int32), 0), m)
+  return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.minimum(jnp.cumsum(sizes), m)])
+
+
+def int32_row_sums(groups: int, m: int) -> bool:
+  """Whether sums of `groups` sizes clamped to m fit int32 (`group_bounds` in XLA)."""
+  return groups * m < 2**31
+
+
 def item_table(group_sizes, problem: RaggedProblem, tile_m: int, length: int):
   """The work items of `_item_decoder`, listed by XLA: (4, length) int32 rows group,
   row0, lo, hi per item (`_Item`); past the last item, group is `groups` + 1.
@@ -321,11 +337,9 @@ def item_table(group_sizes, problem: RaggedProblem, tile_m: int, length: int):
   >>> table.tolist()   # group 0: rows 0-4; group 2: 5-15 in boxes from row 0 and 8; tail: 16-23
   [[0, 2, 2, 3, 4, 4], [0, 0, 8, 16, 0, 0], [0, 5, 5, 16, 0, 0], [5, 16, 16, 24, 0, 0]]
   """
-  g, m = problem.groups, problem.m
-  sizes = jnp.minimum(jnp.maximum(group_sizes.astype(jnp.int32), 0), m)
-  ends = jnp.minimum(jnp.cumsum(sizes), m)
-  stops = jnp.concatenate([ends, jnp.array([problem.rows], jnp.int32)])
-  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
+  g = problem.groups
+  starts = group_bounds(group_sizes, problem.m)  # the groups', then the tail's
+  stops = jnp.concatenate([starts[1:], jnp.array([problem.rows], jnp.int32)])
   bases = (starts // BOX_ROW_ALIGN) * BOX_ROW_ALIGN
   spans = jnp.where(stops > starts, (stops - bases + tile_m - 1) // tile_m, 0)
   last = jnp.cumsum(spans)  # one past each segment's last item
@@ -345,7 +359,7 @@ def item_table(group_sizes, problem: RaggedProblem, tile_m: int, length: int):
 def _lists_items(problem: RaggedProblem) -> bool:
   """Whether the kernel reads its items from `item_table`: past UNROLL_GROUPS groups,
   where the row sums fit int32."""
-  return problem.groups > UNROLL_GROUPS and problem.groups * problem.m < 2**31
+  return problem.groups > UNROLL_GROUPS and int32_row_sums(problem.groups, problem.m)
 
 
 def _item_decoder(sizes_gmem, p: _Plan):
@@ -643,9 +657,9 @@ def ragged_gemm(
 
 @compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def _ragged_kernel(items, lhs, rhs, block_scales, *, problem, config, interpret):
-  """`ragged_gemm`'s kernel; `items` is the group sizes or `item_table`'s table. The
-  arguments come in the kernel's order, so that the entry lowers to exactly its custom
-  call (`kernel_cache` stores only those)."""
+  """`ragged_gemm`'s kernel; `items` is the group sizes or `item_table`'s table, made
+  outside so that the entry lowers to its custom call alone (what `kernel_cache`
+  stores)."""
   config.validate(problem)
   ab_swizzle = smem.widest_swizzle(lhs.dtype, config.tile_k, lhs.shape[-1], rhs.shape[-1])
   if ab_swizzle is None:

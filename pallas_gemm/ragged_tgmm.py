@@ -34,6 +34,7 @@ from pallas_gemm import pipeline
 from pallas_gemm import raster
 from pallas_gemm import smem
 from pallas_gemm.config import DEFAULT_NUM_SMS, INPUT_DTYPES, tiles
+from pallas_gemm.ragged_gemm import group_bounds, int32_row_sums
 
 UNROLL_PREFIX = 32
 """Up to this many groups a work item sums the sizes before its group by unrolled code;
@@ -111,20 +112,9 @@ def default_tgmm_config(problem: TgmmProblem) -> TgmmConfig:
   )
 
 
-def group_bounds(group_sizes, m: int):
-  """(G + 1,) int32: group g's rows are [bounds[g], bounds[g + 1]) (sizes clamped to
-  >= 0, ends cut at m). Needs G * m < 2**31.
-
-  >>> group_bounds(jnp.array([3, -1, 9, 4]), 10).tolist()
-  [0, 3, 3, 10, 10]
-  """
-  sizes = jnp.minimum(jnp.maximum(group_sizes.astype(jnp.int32), 0), m)
-  return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.minimum(jnp.cumsum(sizes), m)])
-
-
 def _lists_bounds(problem: TgmmProblem) -> bool:
   """Whether the kernel reads `group_bounds` (past UNROLL_PREFIX groups, int32 sums)."""
-  return problem.groups > UNROLL_PREFIX and problem.groups * problem.m < 2**31
+  return problem.groups > UNROLL_PREFIX and int32_row_sums(problem.groups, problem.m)
 
 
 def _group_rows(sizes_gmem, g, problem: TgmmProblem):
@@ -255,9 +245,9 @@ def ragged_tgmm(x, y, group_sizes, *, problem: TgmmProblem, config: TgmmConfig, 
 
 @compile_once.kernel_entry(static_argnames=("problem", "config", "interpret"))
 def _tgmm_kernel(sizes, x, y, *, problem, config, interpret):
-  """`ragged_tgmm`'s kernel; `sizes` is the group sizes or `group_bounds`'. The arguments
-  come in the kernel's order, so that the entry lowers to exactly its custom call
-  (`kernel_cache` stores only those)."""
+  """`ragged_tgmm`'s kernel; `sizes` is the group sizes or `group_bounds`', made
+  outside so that the entry lowers to its custom call alone (what `kernel_cache`
+  stores)."""
   config.validate(problem)
   swizzle = smem.widest_swizzle(x.dtype, 64, x.shape[-1], y.shape[-1])
   if swizzle != 128:
