@@ -8,12 +8,13 @@ register and block, competing for issue slots with the promotion's FMAs. Here a
 block's first instruction overwrites its registers (scale-d = 0), as DeepGEMM's
 `wgmma(..., scale_d = k > 0)` does, with descriptors from `layouts.gmma`.
 
-`promote(total, blocks, transforms)` issues every block's WGMMAs (one commit
-group each), then waits for each in turn and adds `product * factor` into
-`total`: with two blocks the second runs on the tensor cores while the first is
-scaled. Operands are a warpgroup's (64, k) A view and (n, k) B view of a ring
-stage, K-major fp8 in SMEM tiled (8, swizzle); factors are (64, n) f32 arrays in
-the WGMMA layout. Inline Mosaic GPU code: the GPU interpreter cannot run it.
+`issue(blocks, transforms)` issues every block's WGMMAs (one commit group
+each) and returns their products; `wait(product, pending)` hands a product back
+once its group is done, so that the caller can release the block's ring stage
+before it scales the product (DeepGEMM's order), while a second block still runs
+on the tensor cores. Operands are a warpgroup's (64, k) A view and (n, k) B view
+of a ring stage, K-major fp8 in SMEM tiled (8, swizzle). Inline Mosaic GPU code:
+the GPU interpreter cannot run it.
 
 The descriptors' static bits, one per 32-wide K instruction of a (64, 128) view
 with the 64-byte swizzle (two swizzle spans along K, 512 bytes apart):
@@ -98,45 +99,76 @@ def _as_array(registers: list, n: int) -> mgpu.FragmentedArray:
   return acc.to_layout(fa.WGMMA_LAYOUT)
 
 
-def promote(total, blocks, transforms):
-  """`total + sum(product(a, b) * factor for a, b, factor in blocks)`, each product one
-  K block's WGMMAs into fresh registers; all blocks are issued before the first wait.
+def issue(blocks, transforms) -> tuple:
+  """Every block's WGMMAs, each block's first instruction overwriting fresh registers,
+  one commit group per block, in order; returns the (64, n) f32 products (WGMMA
+  layout), still being written: `wait` for each before reading it.
 
-  total: (64, n) f32; blocks: one or two (a_view, b_view, factor) triples, the views
-  K-major (rows, k) fp8 in SMEM; transforms: their (tiling, swizzle) SMEM transforms,
-  which A's and B's share."""
-  if total.shape[0] != ROWS or len(blocks) not in (1, 2):
-    raise ValueError(f"promote: a ({ROWS}, n) sum and one or two blocks, got {total.shape}")
-  n = total.shape[1]
-  count = len(blocks)
+  blocks: one or two (a_view, b_view) pairs, K-major (rows, k) fp8 views of SMEM
+  sharing the (tiling, swizzle) `transforms`; a's rows are the warpgroup's 64."""
+  if len(blocks) not in (1, 2):
+    raise ValueError(f"issue: one or two blocks, got {len(blocks)}")
+  n = blocks[0][1].shape[0]
   swizzle = transforms[1].swizzle
-  meta = [(ref.dtype, ref.shape) for a, b, _ in blocks for ref in (a, b)]
-  refs = [ref for a, b, _ in blocks for ref in (a, b)]
-  factors = [factor for _, _, factor in blocks]
+  meta = [(ref.dtype, ref.shape) for pair in blocks for ref in pair]
+  refs = [ref for pair in blocks for ref in pair]
   wgmma = plgpu.Layout.WGMMA
+  product = plgpu.ShapeDtypeStruct((ROWS, n), jnp.float32, layout=wgmma)
 
   @plgpu.inline_mgpu(
-      arg_types=(wgmma, [plgpu.RefType(tuple(transforms))] * len(refs), [wgmma] * count),
-      return_type=plgpu.ShapeDtypeStruct((ROWS, n), jnp.float32, layout=wgmma),
+      arg_types=([plgpu.RefType(tuple(transforms))] * len(refs),),
+      return_type=(product,) * len(blocks),
   )
-  def body(ctx, acc, views, scales):
+  def body(ctx, views):
     del ctx
     products = []
-    for i in range(count):
+    for i in range(len(blocks)):
       (a_dtype, a_shape), (b_dtype, b_shape) = meta[2 * i], meta[2 * i + 1]
       a_descs = _descriptors(views[2 * i], a_dtype, a_shape, swizzle)
       b_descs = _descriptors(views[2 * i + 1], b_dtype, b_shape, swizzle)
       a_type, b_type = _PTX_TYPE[jnp.dtype(a_dtype)], _PTX_TYPE[jnp.dtype(b_dtype)]
-      products.append(_issue(a_descs, b_descs, n, a_type, b_type))
-    for i, registers in enumerate(products):
-      llvm.inline_asm(
-          ir.Type.parse("!llvm.void"),
-          [],
-          f"wgmma.wait_group.sync.aligned {count - 1 - i};",
-          "",
-          has_side_effects=True,
-      )
-      acc = acc + _as_array(registers, n) * scales[i]
-    return acc
+      products.append(_as_array(_issue(a_descs, b_descs, n, a_type, b_type), n))
+    return tuple(products)
 
-  return body(total, refs, factors)
+  return body(refs)
+
+
+def wait(product, pending: int):
+  """`product` once at most `pending` later commit groups are still running: a
+  `wgmma.wait_group` that takes and returns the product's registers, so that
+  nothing reads them before it."""
+  wgmma = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(
+      arg_types=(wgmma,),
+      return_type=plgpu.ShapeDtypeStruct(product.shape, jnp.float32, layout=wgmma),
+  )
+  def body(ctx, array):
+    del ctx
+    f32 = ir.F32Type.get()
+    registers = array.registers.reshape(-1)
+    lanes = ir.VectorType(registers[0].type).shape[0]
+    at = lambda j: dict(dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([j]))
+    scalars = [vector.extract(r, **at(j)) for r in registers for j in range(lanes)]
+    count = len(scalars)
+    result = llvm.inline_asm(
+        llvm.StructType.get_literal([f32] * count),
+        scalars,
+        f"wgmma.wait_group.sync.aligned {pending};",
+        ",".join(["=f"] * count + [str(i) for i in range(count)]),
+        has_side_effects=True,
+    )
+    out = [llvm.extractvalue(f32, result, [i]) for i in range(count)]
+    rebuilt = []
+    for r, reg in enumerate(registers):
+      vec = reg
+      for j in range(lanes):
+        vec = vector.insert(out[r * lanes + j], vec, **at(j))
+      rebuilt.append(vec)
+    return mgpu.FragmentedArray(
+        _registers=np.asarray(rebuilt, dtype=object).reshape(array.registers.shape),
+        _layout=array.layout,
+        _is_signed=None,
+    )
+
+  return body(product)

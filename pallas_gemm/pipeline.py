@@ -334,19 +334,25 @@ class Ring:
       return pl.run_scoped(scoped, *[plgpu.ACC(shape, jnp.float32)] * count)
 
     def fresh_steps(k, total, count):
-      """`count` (1 or 2) steps from k through `block_mma`; their stages are released
-      once both are scaled."""
-      slots, blocks = [], []
+      """`count` (1 or 2) steps from k through `block_mma`: all issued, then each
+      waited for, its stage released at once (its scales were read before the
+      issue) and its product scaled into the sum while the next one runs."""
+      slots, pairs, factors = [], [], []
       for i in range(count):
         slot = self.slot(step0 + k + i - k_begin)
         self.wait_loaded(slot)
         views = self.stage(slot)
-        blocks.append((*block_operands(k + i, *views), scale(k + i, *views)))
+        pairs.append(block_operands(k + i, *views))
+        factors.append(scale(k + i, *views))
         slots.append(slot)
-      with jax.named_scope("promote"):
-        total = block_mma.promote(total, blocks, transforms)
-      for slot in slots:
+      with jax.named_scope("wgmma_issue"):
+        products = block_mma.issue(pairs, transforms)
+      for i, (product, slot, factor) in enumerate(zip(products, slots, factors)):
+        with jax.named_scope("wgmma_wait"):
+          product = block_mma.wait(product, count - 1 - i)
         plgpu.barrier_arrive(self.consumed.at[slot])
+        with jax.named_scope("promote"):
+          total = total + product * factor
       return total
 
     steps = zeroed_steps if block_operands is None else fresh_steps
