@@ -123,6 +123,20 @@ class Ring:
   def slot(self, step):
     return lax.rem(step, self.stages)
 
+  def first_slot(self, step0):
+    """`slot(step0)` as an int32 to carry through a K loop: consumers step their slot with
+    `next` rather than taking `step % stages` at every step, which Mosaic's 64-bit indices
+    make a 64-bit division (4.4% of a blockwise fp8 GEMM, NOTES exp. 119)."""
+    return jnp.asarray(self.slot(step0), jnp.int32)
+
+  def next(self, slot):
+    """The slot after `slot`."""
+    return jnp.where(slot == self.stages - 1, 0, slot + 1)
+
+  def previous(self, slot):
+    """The slot before `slot`."""
+    return jnp.where(slot == 0, self.stages - 1, slot - 1)
+
   def wait_loaded(self, slot) -> None:
     """Consumer: waits until `slot`'s TMA copies have landed (the "ring_wait" region
     of a `kernel_trace`: a consumer that spends its time here is starved by memory)."""
@@ -176,10 +190,7 @@ class Ring:
       return
     accs = acc if isinstance(acc, tuple) else (acc,)
 
-    @pl.loop(k_begin, k_end)
-    def _(k):
-      step = step0 + k - k_begin
-      slot = self.slot(step)
+    def step(k, slot):
       self.wait_loaded(slot)
       pairs = operands(k, *self.stage(slot))
       for acc_ref, pair in zip(accs, pairs if isinstance(acc, tuple) else (pairs,), strict=True):
@@ -189,23 +200,28 @@ class Ring:
 
       @pl.when(k > k_begin)
       def _():
-        plgpu.barrier_arrive(self.consumed.at[self.slot(step - 1)])
+        plgpu.barrier_arrive(self.consumed.at[self.previous(slot)])
+
+      return self.next(slot)
+
+    slot = lax.fori_loop(k_begin, k_end, step, self.first_slot(step0))
 
     def release_last():
       plgpu.wgmma_wait(0)
-      plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k_end - k_begin - 1)])
+      plgpu.barrier_arrive(self.consumed.at[self.previous(slot)])
 
     _when(k_end > k_begin, release_last)
 
   def _mma_serial(self, acc, step0, k_begin, k_end, operands: Callable) -> None:
-    @pl.loop(k_begin, k_end)
-    def _(k):
-      slot = self.slot(step0 + k - k_begin)
+    def step(k, slot):
       self.wait_loaded(slot)
       plgpu.wgmma(acc, *operands(k, *self.stage(slot)))
       with jax.named_scope("wgmma_wait"):
         plgpu.wgmma_wait(0)
       plgpu.barrier_arrive(self.consumed.at[slot])
+      return self.next(slot)
+
+    lax.fori_loop(k_begin, k_end, step, self.first_slot(step0))
 
   def mma_register_operand(
       self, acc, step0, k_begin, k_end, convert: Callable, smem_operand: Callable
@@ -225,40 +241,38 @@ class Ring:
     (its warning C7513; NOTES exp. 88).
     """
 
-    def views(k):
-      slot = self.slot(step0 + k - k_begin)
-      return slot, self.stage(slot)
-
-    def ready(k):
-      slot, stage = views(k)
+    def ready(k, slot):
       self.wait_loaded(slot)
-      return convert(k, *stage)
+      return convert(k, *self.stage(slot))
 
-    def issue(k, a):
+    def issue(k, slot, a):
       """Step k's WGMMA behind the previous step's; then that one retires."""
-      _, stage = views(k)
-      plgpu.wgmma(acc, a, smem_operand(k, *stage))
+      plgpu.wgmma(acc, a, smem_operand(k, *self.stage(slot)))
       with jax.named_scope("wgmma_wait"):
         plgpu.wgmma_wait(1)
 
       def release_previous():
-        plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + k - 1 - k_begin)])
+        plgpu.barrier_arrive(self.consumed.at[self.previous(slot)])
 
       _when(k > k_begin, release_previous)
 
-    def pair(i, a_even):
+    def pair(i, carry):
+      a_even, slot = carry
       k = k_begin + 2 * i
-      issue(k, a_even)
-      a_odd = ready(k + 1)
-      issue(k + 1, a_odd)
-      return ready(k + 2)
+      issue(k, slot, a_even)
+      odd = self.next(slot)
+      issue(k + 1, odd, ready(k + 1, odd))
+      even = self.next(odd)
+      return ready(k + 2, even), even
 
     count = k_end - k_begin
     pairs = _halve(count - 1)  # each followed by at least one step to convert
-    a = lax.fori_loop(0, pairs, pair, ready(k_begin))
+    slot = self.first_slot(step0)
+    a, slot = lax.fori_loop(0, pairs, pair, (ready(k_begin, slot), slot))
     k = k_begin + 2 * pairs
-    issue(k, a)
-    _when(count - 2 * pairs == 2, lambda: issue(k + 1, ready(k + 1)))
+    issue(k, slot, a)
+    odd = self.next(slot)
+    _when(count - 2 * pairs == 2, lambda: issue(k + 1, odd, ready(k + 1, odd)))
     plgpu.wgmma_wait(0)
     plgpu.barrier_arrive(self.consumed.at[self.slot(step0 + count - 1)])
 
@@ -268,14 +282,14 @@ class Ring:
     *stage_views)` returning register arrays (a, b). Each stage is released as soon as
     its operands are in registers. Returns the f32 sum (`acc` is its start value)."""
 
-    def step(k, total):
-      slot = self.slot(step0 + k - k_begin)
+    def step(k, carry):
+      total, slot = carry
       self.wait_loaded(slot)
       a, b = operands(k, *self.stage(slot))
       plgpu.barrier_arrive(self.consumed.at[slot])
-      return plgpu.mma(total, a, b)
+      return plgpu.mma(total, a, b), self.next(slot)
 
-    return lax.fori_loop(k_begin, k_end, step, acc)
+    return lax.fori_loop(k_begin, k_end, step, (acc, self.first_slot(step0)))[0]
 
   def mma_promoted(
       self,
@@ -333,38 +347,43 @@ class Ring:
 
       return pl.run_scoped(scoped, *[plgpu.ACC(shape, jnp.float32)] * count)
 
-    def fresh_steps(k, total, count):
+    def fresh_steps(k, carry, count):
       """`count` (1 or 2) steps from k through `block_mma`: all issued, then each
       waited for, its stage released at once (its scales were read before the
-      issue) and its product scaled into the sum while the next one runs."""
+      issue) and its product scaled into the sum while the next one runs. The slot
+      rides in the loop's carry (`first_slot`)."""
+      total, slot = carry
       slots, pairs, factors = [], [], []
       for i in range(count):
-        slot = self.slot(step0 + k + i - k_begin)
         self.wait_loaded(slot)
         views = self.stage(slot)
         pairs.append(block_operands(k + i, *views))
         factors.append(scale(k + i, *views))
         slots.append(slot)
+        slot = self.next(slot)
       with jax.named_scope("wgmma_issue"):
         products = block_mma.issue(pairs, transforms)
-      for i, (product, slot, factor) in enumerate(zip(products, slots, factors)):
+      for i, (product, slot_i, factor) in enumerate(zip(products, slots, factors)):
         with jax.named_scope("wgmma_wait"):
           product = block_mma.wait(product, count - 1 - i)
-        plgpu.barrier_arrive(self.consumed.at[slot])
+        plgpu.barrier_arrive(self.consumed.at[slot_i])
         with jax.named_scope("promote"):
           total = total + product * factor
-      return total
+      return total, slot
 
-    steps = zeroed_steps if block_operands is None else fresh_steps
-    total = jnp.zeros(shape, jnp.float32)
+    if block_operands is None:
+      steps = lambda k, carry, count: (zeroed_steps(k, carry[0], count), carry[1])
+    else:
+      steps = fresh_steps
+    carry = (jnp.zeros(shape, jnp.float32), self.first_slot(step0))
     count = k_end - k_begin
     pairs = _halve(count) if depth == 2 else 0
     if not isinstance(pairs, int) or pairs:
-      total = lax.fori_loop(0, pairs, lambda i, t: steps(k_begin + depth * i, t, depth), total)
+      carry = lax.fori_loop(0, pairs, lambda i, c: steps(k_begin + depth * i, c, depth), carry)
     rest_begin = k_begin + depth * pairs
     if not isinstance(rest_begin, int) or not isinstance(k_end, int) or rest_begin < k_end:
-      total = lax.fori_loop(rest_begin, k_end, lambda k, t: steps(k, t, 1), total)
-    return total
+      carry = lax.fori_loop(rest_begin, k_end, lambda k, c: steps(k, c, 1), carry)
+    return carry[0]
 
   def skip(self, step0, count) -> None:
     """Consumer: lets `count` stages from step0 pass unread (wait, release), as a
