@@ -284,7 +284,7 @@ def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
   """`config`, or the default made blockwise-ready: tile_k the scale block's K extent,
   tile_n 128 (one B scale block per tile and a 64-register sum beside the 64-register
   block accumulator), whole tiles, no cluster, and 64x32 epilogue stores, whose smaller
-  buffers leave room for a sixth stage (1.8-5.0% faster on the H200, NOTES exp. 116).
+  buffers leave room for a sixth stage (1.3-5.0% faster on the H200, NOTES exp. 116).
   Promotion depth 2, or 1 with per-row B scales: their factor is a full 64-register array
   per block, and two blocks in flight beside it spill (256 against 941 TFLOP/s at
   2048x7168x16384 on the H200, NOTES exp. 112)."""

@@ -7,7 +7,8 @@ kernels (the work decomposition, how a stage is turned into WGMMA operands, the
 epilogue) is passed in as functions; this module owns what is the same:
 
   - `Ring`: the SMEM stages, their `loaded` / `consumed` barriers and the step
-    counter that runs on across work items (slot = step % stages): `fill`
+    counter that runs on across work items (slot = step % stages, which the
+    consumers' K loops take once and then carry: `first_slot`, `next`): `fill`
     (producer), `mma` (consumer K loop, one WGMMA group in flight),
     `mma_register_operand` (the same for a register operand converted from the
     stage, the next convert overlapping this step's WGMMA), `mma_warp` (warp-level
