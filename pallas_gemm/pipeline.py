@@ -131,7 +131,12 @@ class Ring:
     return jnp.asarray(self.slot(step0), jnp.int32)
 
   def next(self, slot):
-    """The slot after `slot`."""
+    """The slot after `slot`.
+
+    >>> ring = Ring(buffers=(), loaded=None, consumed=None, stages=3, copies=())
+    >>> [int(ring.next(s)) for s in range(3)], [int(ring.previous(s)) for s in range(3)]
+    ([1, 2, 0], [2, 0, 1])
+    """
     return jnp.where(slot == self.stages - 1, 0, slot + 1)
 
   def previous(self, slot):

@@ -217,6 +217,8 @@ def test_block_config():
   cfg.validate(problem)
   assert (cfg.tile_k, cfg.tile_n, cfg.split_k, cfg.cluster) == (128, 128, 1, (1, 1))
   assert cfg.promotion_depth == 2
+  # 64x32 epilogue stores leave room for a sixth stage (NOTES exp. 116)
+  assert (cfg.epilogue_tile, cfg.stages) == ((64, 32), 6)
   # per-row B scales (the weight gradient's, jax.nn.scaled_matmul's): a full factor array
   # per block, so one block in flight (two spill)
   for rows, block_k in ((1, 128), (1, 32)):
