@@ -317,7 +317,7 @@ def group_bounds(group_sizes, m: int):
   >>> group_bounds(jnp.array([3, -1, 9, 4]), 10).tolist()
   [0, 3, 3, 10, 10]
   """
-  sizes = jnp.minimum(jnp.maximum(group_sizes.astype(jnp.int32), 0), m)
+  sizes = _clipped(group_sizes.astype(jnp.int32), m)
   return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.minimum(jnp.cumsum(sizes), m)])
 
 
