@@ -3,6 +3,7 @@
     python -m benchmarks.blockwise_fp8                  # GPU: checks, then DeepSeek-V3 shapes
     python -m benchmarks.blockwise_fp8 --cpu-smoke      # no GPU: tiny shapes, interpret/XLA
     python -m benchmarks.blockwise_fp8 --grouped        # MoE: GxMxNxK, rows split among G experts
+    python -m benchmarks.blockwise_fp8 --grouped --aligned  # each expert's rows a multiple of 128
     python -m benchmarks.blockwise_fp8 --nn             # jax.nn.scaled_matmul's API, 128 and 32 blocks
 
 Shapes are MxNxK, A (M, K) e4m3 with (1 x 128) scales, B (N, K) e4m3 with (128 x 128)
@@ -60,7 +61,10 @@ XLA's dequantize + `ragged_dot`, up to this size of f32 dequantized weights (256
 DeepSeek experts would need 28 GiB)."""
 
 
-def grouped_inputs(g, m, n, k, seed=0):
+def grouped_inputs(g, m, n, k, seed=0, aligned=False):
+  """(lhs, rhs, lhs_scales, rhs_scales, group_sizes) of a grouped problem: each of the m
+  tokens routed to a random expert; `aligned`: each expert's rows a multiple of 128 instead
+  (DeepGEMM's contiguous layout, which DeepSeek's dispatch pads to), the m % 128 rest a tail."""
   kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
   x = jax.random.normal(kx, (m, k), jnp.float32)
   xq, xs = bw.quantize_blockwise(x)
@@ -70,8 +74,9 @@ def grouped_inputs(g, m, n, k, seed=0):
     return bw.quantize_blockwise(w, (128, 128))
 
   wq, ws = jax.jit(lambda keys: jax.lax.map(expert, keys))(jax.random.split(kw, g))
-  experts = jax.random.randint(ks, (m,), 0, g)
-  sizes = jnp.bincount(experts, length=g).astype(jnp.int32)
+  unit = SCALE_BLOCK_K if aligned else 1
+  experts = jax.random.randint(ks, (m // unit,), 0, g)
+  sizes = (jnp.bincount(experts, length=g) * unit).astype(jnp.int32)
   return xq, wq, xs, ws, sizes
 
 
@@ -109,11 +114,11 @@ def _timed(case, dims, fns, args, rounds, iterations, timer, log) -> list[dict]:
   return rows
 
 
-def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print):
+def run_grouped(shapes, *, implementation, rounds, iterations, timer, log=print, aligned=False):
   rows = []
   for g, m, n, k in shapes:
-    case = f"{g}x{m}x{n}x{k}"
-    args = grouped_inputs(g, m, n, k)
+    case = f"{g}x{m}x{n}x{k}" + (" aligned" if aligned else "")
+    args = grouped_inputs(g, m, n, k, aligned=aligned)
     fns = grouped_contenders(implementation)
     if g * n * k * 4 > CHECK_BYTES:  # XLA materializes the f32 dequantized weights
       log(f"{case:22s} xla_dequant left out: it needs {g * n * k * 4 / 2**30:.0f} GiB")
@@ -289,6 +294,11 @@ def main(argv=None):
       help=f"time the grouped kernel on GxMxNxK shapes (default: {GROUPED_SHAPES})",
   )
   parser.add_argument(
+      "--aligned",
+      action="store_true",
+      help="with --grouped: each expert's rows a multiple of 128 (DeepGEMM's contiguous layout)",
+  )
+  parser.add_argument(
       "--nn",
       action="store_true",
       help="jax.nn.scaled_matmul's API: nn_scaled_matmul against it, 128- and 32-blocks",
@@ -307,12 +317,16 @@ def main(argv=None):
   if args.grouped:
     default = GROUPED_SMOKE if implementation == "interpret" else GROUPED_SHAPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in (args.shapes or default).split(",")]
+  if args.aligned and not args.grouped:
+    parser.error("--aligned goes with --grouped")
+  extra = dict(aligned=args.aligned) if args.grouped else {}
   rows = (run_grouped if args.grouped else run_nn if args.nn else run)(
       shapes,
       implementation=implementation,
       rounds=args.rounds,
       iterations=args.iterations,
       timer=timer,
+      **extra,
   )
   if args.out:
     os.makedirs(args.out, exist_ok=True)

@@ -18,6 +18,8 @@
 #                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
 #   bash benchmarks/run_device.sh blockwise  # blockwise fp8: GPU tests, then timing (~4 min)
+#   bash benchmarks/run_device.sh aligned  # blockwise fp8 grouped, each expert's rows a multiple of
+#                                         # 128 (DeepGEMM's contiguous layout), then unaligned (~7 min)
 #   bash benchmarks/run_device.sh groups # many groups (NOTES exps. 113-114): the grouped GPU
 #                                         # tests, then ragged_dot fwd+bwd at 32 and 256 groups
 #   bash benchmarks/run_device.sh multi  # 2+ GPUs: sharded and collective GEMM checks (the
@@ -107,6 +109,12 @@ case "${1:-}" in
     step blockwise_check 150 3 python -u -m pytest -q -m gpu tests/test_blockwise.py
     step blockwise_fp8 240 20 python -u -m benchmarks.blockwise_fp8 --rounds 3 --iterations 5 \
       --out "$OUT/blockwise"
+    step blockwise_grouped 200 8 python -u -m benchmarks.blockwise_fp8 --grouped --rounds 3 \
+      --iterations 5 --out "$OUT/blockwise_grouped"
+    ;;
+  aligned)
+    step blockwise_aligned 280 8 python -u -m benchmarks.blockwise_fp8 --grouped --aligned \
+      --rounds 3 --iterations 5 --out "$OUT/blockwise_aligned"
     step blockwise_grouped 200 8 python -u -m benchmarks.blockwise_fp8 --grouped --rounds 3 \
       --iterations 5 --out "$OUT/blockwise_grouped"
     ;;

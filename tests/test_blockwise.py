@@ -443,6 +443,18 @@ def test_the_benchmark_runs_on_the_cpu(capsys):
   assert "pallas_gemm=" in " ".join(out) and out[-1].startswith("| 72x136x136 |")
   assert harness.main([*smoke, "--grouped", "--shapes", "2x72x136x136"]) == 0
   assert capsys.readouterr().out.splitlines()[-1].startswith("| 2x72x136x136 |")
+  # each expert's rows a multiple of 128: 300 rows give two 128-row blocks and a 44-row tail
+  assert harness.main([*smoke, "--grouped", "--aligned", "--shapes", "2x300x136x136"]) == 0
+  assert capsys.readouterr().out.splitlines()[-1].startswith("| 2x300x136x136 aligned |")
+
+
+def test_aligned_grouped_inputs_give_each_expert_whole_128_row_blocks():
+  from benchmarks import blockwise_fp8 as harness
+
+  *_, sizes = harness.grouped_inputs(3, 700, 8, 128, aligned=True)
+  assert np.all(np.asarray(sizes) % 128 == 0) and int(sizes.sum()) == 640
+  *_, sizes = harness.grouped_inputs(3, 700, 8, 128)
+  assert int(sizes.sum()) == 700
 
 
 # -- grouped (MoE) -------------------------------------------------------------------------
