@@ -55,6 +55,9 @@ SMOKE_SHAPES = "200x136x300"
 GROUPED_SHAPES = "8x4096x4096x7168,32x16384x4096x7168,256x65536x4096x7168,32x16384x7168x2048"
 """G x M x N x K: DeepSeek-V3's experts (gate and up fused 7168 -> 4096; down 2048 -> 7168)."""
 GROUPED_SMOKE = "3x300x136x300"
+ALIGNED_ROWS = 128
+"""`--aligned`: each expert's rows are a multiple of this (DeepGEMM's contiguous layout pads
+every expert's segment to its 128-row M block)."""
 CHECK_BYTES = 8 << 30
 """Grouped shapes are checked against XLA's f32 dequantized reference, and timed against
 XLA's dequantize + `ragged_dot`, up to this size of f32 dequantized weights (256
@@ -63,8 +66,8 @@ DeepSeek experts would need 28 GiB)."""
 
 def grouped_inputs(g, m, n, k, seed=0, aligned=False):
   """(lhs, rhs, lhs_scales, rhs_scales, group_sizes) of a grouped problem: each of the m
-  tokens routed to a random expert; `aligned`: each expert's rows a multiple of 128 instead
-  (DeepGEMM's contiguous layout, which DeepSeek's dispatch pads to), the m % 128 rest a tail."""
+  tokens routed to a random expert; `aligned`: each expert's rows a multiple of
+  `ALIGNED_ROWS` instead, the rest of m a tail."""
   kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
   x = jax.random.normal(kx, (m, k), jnp.float32)
   xq, xs = bw.quantize_blockwise(x)
@@ -74,7 +77,7 @@ def grouped_inputs(g, m, n, k, seed=0, aligned=False):
     return bw.quantize_blockwise(w, (128, 128))
 
   wq, ws = jax.jit(lambda keys: jax.lax.map(expert, keys))(jax.random.split(kw, g))
-  unit = SCALE_BLOCK_K if aligned else 1
+  unit = ALIGNED_ROWS if aligned else 1
   experts = jax.random.randint(ks, (m // unit,), 0, g)
   sizes = (jnp.bincount(experts, length=g) * unit).astype(jnp.int32)
   return xq, wq, xs, ws, sizes
