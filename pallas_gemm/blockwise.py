@@ -33,7 +33,16 @@ from pallas_gemm import gemm as gemm_lib
 from pallas_gemm import grouped
 from pallas_gemm import ragged_gemm as rg
 from pallas_gemm import smem
-from pallas_gemm.config import B_SCALE_BOX, FP8_DTYPES, INPUT_DTYPES, GemmConfig, GemmProblem, fit_stages, tiles
+from pallas_gemm.config import (
+    B_SCALE_BOX,
+    DEFAULT_NUM_SMS,
+    FP8_DTYPES,
+    INPUT_DTYPES,
+    GemmConfig,
+    GemmProblem,
+    fit_stages,
+    tiles,
+)
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.hopper_gemm import hopper_gemm
 from pallas_gemm.operands import OPERANDS
@@ -280,14 +289,47 @@ def nn_scaled_matmul(
   return jnp.stack(outs)
 
 
-def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> GemmConfig:
+STREAM_K_MAX_WAVES = 1.15
+"""Stream-K (`GemmConfig.stream_k`) when the whole tiles fill one wave of SMs and at most
+this much of a second: the K loop then runs once over all SMs instead of twice. Measured
+on the H200 (NOTES exp. 124), with 7168-16384 K: 1.126x at 1.03 waves, 1.06-1.10x at
+1.09, 1.015x at 1.21, 0.93x at 1.33 and 0.72-0.97x at 1.9-62 waves. (Our reading, not
+profiled: concurrent stream-K ranges sit at different K offsets, so their operands stop
+sharing L2, while whole tiles walk K in step.)"""
+STREAM_K_MIN_BLOCKS = 48
+"""...and when a tile has at least this many K blocks: at K = 2048 (16 blocks) stream-K
+lost at 1.03 and 1.09 waves (0.95x, 0.88x), its fixup no longer amortized."""
+
+
+def stream_k_pays(problem: GemmProblem, num_sms: int) -> bool:
+  """Whether the blockwise kernel's default runs stream-K on `num_sms` SMs.
+
+  >>> p = lambda m, n, k: GemmProblem(m, n, k, dtype="float8_e4m3fn", block_scaled=True)
+  >>> [stream_k_pays(p(1024, n, 7168), 132) for n in (1024, 2112, 3072)]  # 64, 136, 192 tiles
+  [False, True, False]
+  >>> stream_k_pays(p(1024, 2112, 2048), 132)   # 16 K blocks
+  False
+  """
+  count = tiles(problem.m, 128) * tiles(problem.n, SCALE_BLOCK)
+  blocks = tiles(problem.k, problem.scale_block_k)
+  return (
+      problem.b_scale_rows > 1
+      and num_sms < count <= STREAM_K_MAX_WAVES * num_sms
+      and blocks >= STREAM_K_MIN_BLOCKS
+  )
+
+
+def block_config(
+    problem: GemmProblem, config: GemmConfig | None = None, num_sms: int | None = None
+) -> GemmConfig:
   """`config`, or the default made blockwise-ready: tile_k the scale block's K extent,
   tile_n 128 (one B scale block per tile and a 64-register sum beside the 64-register
   block accumulator), whole tiles, no cluster, and 64x32 epilogue stores, whose smaller
   buffers leave room for a sixth stage (1.3-5.0% faster on the H200, NOTES exp. 116).
   Promotion depth 2, or 1 with per-row B scales: their factor is a full 64-register array
   per block, and two blocks in flight beside it spill (256 against 941 TFLOP/s at
-  2048x7168x16384 on the H200, NOTES exp. 112)."""
+  2048x7168x16384 on the H200, NOTES exp. 112). Stream-K where `stream_k_pays` on
+  `num_sms` (default: the device's)."""
   if config is not None:
     return config
   cfg = default_config(dataclasses.replace(problem, block_scaled=False))
@@ -300,9 +342,9 @@ def block_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
       schedule="cooperative",
       cluster=(1, 1),
       split_k=1,
-      stream_k=False,
       epilogue_tile=(64, 32),
       promotion_depth=2 if problem.b_scale_rows > 1 else 1,
+      stream_k=stream_k_pays(problem, num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS),
   )
   return fit_stages(cfg, problem, 6 * SCALE_BLOCK // problem.scale_block_k)
 
@@ -329,8 +371,9 @@ def _kernel_path(
       scale_block_k=block_k,
   )
   cfg = block_config(problem, config)
-  if interpret:
-    cfg = gemm_lib.interpret_config(cfg, problem)
+  if interpret:  # the interpreter has no GMEM semaphores for stream-K's fixup
+    default = dataclasses.replace(cfg, stream_k=False) if config is None else cfg
+    cfg = gemm_lib.interpret_config(default, problem)
   cfg.validate(problem)
   a, b = gemm_lib.tma_layout(a, b, problem, cfg, interpret)
   rows, cols = gemm_lib.out_extent(problem, cfg, interpret)

@@ -344,23 +344,22 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
       )
 
       if prob.block_scaled:
-        epi.run(
-            ring.mma_promoted(
-                (wm, wn),
-                step0,
-                kb,
-                ke,
-                operands,
-                functools.partial(block_scale, ni),
-                depth=cfg.promotion_depth,
-                block_operands=block_operands if p.fresh_blocks else None,
-                transforms=p.a_transforms,
-            ),
-            batch_idx,
-            row0,
-            col0,
-            scalars,
+        total = ring.mma_promoted(
+            (wm, wn),
+            step0,
+            kb,
+            ke,
+            operands,
+            functools.partial(block_scale, ni),
+            depth=cfg.promotion_depth,
+            block_operands=block_operands if p.fresh_blocks else None,
+            transforms=p.a_transforms,
         )
+        if whole:
+          epi.run(total, batch_idx, row0, col0, scalars)
+        else:  # stream-K: the promoted sum is this unit's f32 partial
+          pl.when(kb > 0)(lambda: contribute(total))
+          pl.when(kb == 0)(lambda: finish(total, tile_index, batch_idx, row0, col0, scalars))
         return
 
       if p.epilogue.gated:
@@ -627,8 +626,9 @@ def hopper_gemm(
       tile_n 128), (a_scales_t, b_scales_t): f32 (K/128, >= M) per-row scales of each
       128-wide K block of A, transposed, and f32 (K/128, >= n_tiles rounded up to
       B_SCALE_BOX) scales of B's (128 x 128) blocks, or with `problem.b_scale_rows == 1`
-      (K/128, >= N) per-row scales, transposed; each K block's product is scaled in registers before it
-      joins the sum (`Ring.mma_promoted`).
+      (K/128, >= N) per-row scales, transposed; each K block's product is scaled in
+      registers before it joins the sum (`Ring.mma_promoted`); with stream-K a unit's
+      scaled sum is its f32 partial.
     return_pre: also write `pre = epilogue.affine(...)` (the part before the
       activation) to a second output, from the same epilogue.
     all_gather: (axis, size), inside `shard_map` over a mesh of that one axis with `size`

@@ -168,6 +168,24 @@ def test_lowers_for_cuda_at_deepseek_shapes(depth):
     assert compile_once.module_kernel_count(text) == 1
 
 
+def test_stream_k_lowers_for_cuda():
+  # 4 x 17 tiles of 57 K blocks on 5 workers: 3 split tiles, then whole ones
+  m, n, k = 500, 2112, 7168 + 64
+  s = jax.ShapeDtypeStruct
+  args = (s((m, k), E4M3), s((n, k), E4M3), s((m, 57), jnp.float32), s((17, 57), jnp.float32))
+  config = dataclasses.replace(bw.block_config(_problem(m, n, k)), stream_k=True, num_sms=5)
+  f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, config=config, implementation="pallas"))
+  text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
+  assert compile_once.module_kernel_count(text) == 1
+
+
+def test_stream_k_is_refused_in_interpret_mode():
+  xq, wq, xs, ws = _operands(130, 136, 256, (128, 128))
+  config = dataclasses.replace(bw.block_config(_problem(130, 136, 256)), stream_k=True)
+  with pytest.raises(ValueError, match="stream_k=True: GPU interpret mode"):
+    bw.blockwise_scaled_matmul(xq, wq, xs, ws, config=config, implementation="interpret")
+
+
 @pytest.mark.parametrize(
     "k,b_dtype",
     [
@@ -224,6 +242,14 @@ def test_block_config():
   for rows, block_k in ((1, 128), (1, 32)):
     per_row = dataclasses.replace(problem, b_scale_rows=rows, scale_block_k=block_k)
     assert bw.block_config(per_row).promotion_depth == 1
+  # stream-K only where whole tiles would run a second, nearly empty wave (NOTES exp. 124):
+  # 1024x2112 is 136 tiles, 1.03 waves on 132 SMs, 1.19 on 114
+  assert not cfg.stream_k  # 13.6 waves
+  just_over = dataclasses.replace(problem, m=1024, n=2112, k=7168)
+  assert bw.block_config(just_over, num_sms=132).stream_k
+  assert not bw.block_config(just_over, num_sms=114).stream_k
+  assert not bw.block_config(dataclasses.replace(just_over, k=2048), num_sms=132).stream_k
+  bw.block_config(just_over, num_sms=132).validate(just_over)
 
 
 def test_bad_input_names_the_argument():
@@ -350,6 +376,23 @@ def test_on_the_gpu_against_float64(b_block, k, depth):
   # fp8 WGMMA adds its products with a shortened mantissa inside each 128-wide K block
   # (1.3e-4 measured on the H100; the f32 promotion keeps it from growing with K); a
   # wrong scale or block gives errors of order 1.
+  assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "b_block,k,depth,sms",
+    [((128, 128), 7168 + 64, 2, 7), ((128, 128), 7168, 1, 20), ((1, 128), 7168 + 64, 2, 13)],
+)
+def test_stream_k_on_the_gpu_against_float64(b_block, k, depth, sms):
+  # 136 tiles on 7, 20 or 13 workers: the last waves split at K-block granularity, each
+  # unit's promoted sum an f32 partial that the tile's finisher adds
+  xq, wq, xs, ws = _operands(1000, 2112, k, b_block, seed=29)
+  problem = dataclasses.replace(_problem(1000, 2112, k), b_scale_rows=b_block[0])
+  config = dataclasses.replace(
+      bw.block_config(problem), promotion_depth=depth, stream_k=True, num_sms=sms
+  )
+  y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32, config=config)
   assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-3
 
 
