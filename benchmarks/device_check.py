@@ -121,10 +121,25 @@ def checks() -> list[Check]:
   # one contributor per tile, two (fewer tiles than SMs), single-step ranges and idle SMs.
   sk = GemmConfig(stream_k=True)
   sk21, sk_n = dataclasses.replace(sk, cluster=(2, 1)), dataclasses.replace(sk, wg_split="n")
+  tail = dataclasses.replace(sk, split_tail=True)
   checks += [
       Check("NN streamk cluster21 4096x8192x4096", (4096, 4096), (4096, 8192), dict(config=sk21)),
       Check("NN streamk cluster21 2048x2048x2048", (2048, 2048), (2048, 2048), dict(config=sk21)),
       Check("NN streamk 2048x2048x128 one-step ranges", (2048, 128), (128, 2048), dict(config=sk)),
+      # the tail split: whole waves, then the last wave's tiles in equal K slices
+      Check("NN splittail 2304x2112x4096", (2304, 4096), (4096, 2112), dict(config=tail)),
+      Check(
+          "NN splittail cluster21 2304x2112x4096",
+          (2304, 4096),
+          (4096, 2112),
+          dict(config=dataclasses.replace(tail, cluster=(2, 1))),
+      ),
+      Check(
+          "NN splittail bias+gelu 1000x1016x1000 (one partial wave)",
+          (1000, 1000),
+          (1000, 1016),
+          dict(bias=True, activation="gelu_tanh", config=tail),
+      ),
       Check(
           "NN streamk bias+gelu 1000x1016x1000",
           (1000, 1000),

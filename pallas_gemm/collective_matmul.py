@@ -304,7 +304,7 @@ def fused_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
     )
   fused = dataclasses.replace(
       base, tile_m=fits[0], schedule="cooperative", wg_split="m", split_k=1, stream_k=False,
-      cluster=(1, 1),
+      split_tail=False, cluster=(1, 1),
   )  # fmt: skip
   return fit_stages(fused, problem, fused.stages)
 

@@ -127,6 +127,9 @@ class GemmConfig:
     stream_k: spread the partial last wave of tiles over every SM at K-step
       granularity, reduced inside the kernel (`pallas_gemm.stream_k`);
       cooperative, split_k=1, and not in GPU interpret mode (no GMEM semaphores).
+    split_tail: with stream_k, the whole waves first, then each tile of the partial last
+      wave cut into equal K slices run side by side, the idle SMs' share
+      (`stream_k.TailSplit`), instead of the balanced ranges before the whole tiles.
     promotion_depth: blockwise fp8 only: K blocks multiplied into fresh accumulators
       before their products are scaled into the sum (`Ring.mma_promoted`): 2 lets one
       block's WGMMA run while the previous block is scaled, at 64 more registers per
@@ -147,6 +150,7 @@ class GemmConfig:
   num_sms: int | None = None
   split_k: int = 1
   stream_k: bool = False
+  split_tail: bool = False
   promotion_depth: int = 2
 
   def __post_init__(self):
@@ -179,6 +183,8 @@ class GemmConfig:
       object.__setattr__(self, field, tuple(value))
     if not isinstance(self.stream_k, bool):
       fail("stream_k", "must be a bool")
+    if not isinstance(self.split_tail, bool) or (self.split_tail and not self.stream_k):
+      fail("split_tail", "must be a bool, True only with stream_k=True")
     if self.promotion_depth not in (1, 2) or isinstance(self.promotion_depth, bool):
       fail("promotion_depth", "must be 1 or 2")
     for field in ("schedule", "wg_split", "raster"):

@@ -152,7 +152,7 @@ def gated_config(problem: GemmProblem, config: GemmConfig | None = None) -> Gemm
   if config is not None:
     return config
   cfg = default_config(problem)
-  cfg = dataclasses.replace(cfg, split_k=1, stream_k=False)
+  cfg = dataclasses.replace(cfg, split_k=1, stream_k=False, split_tail=False)
   if cfg.tile_n < 128:
     cfg = dataclasses.replace(cfg, tile_n=128)
   if cfg.schedule == "cooperative" and (cfg.wg_split != "m" or cfg.tile_m < 128):

@@ -120,11 +120,12 @@ class _Plan:
     return self.ring_size * self.step_tiles
 
   @property
-  def stream_k(self) -> stream_k_lib.Schedule | None:
+  def stream_k(self) -> stream_k_lib.Schedule | stream_k_lib.TailSplit | None:
     """The stream-K schedule, or None: every tile whole, round-robin over the workers."""
     if not self.config.stream_k:
       return None
-    schedule = stream_k_lib.Schedule.plan(self.num_tiles, self.workers, self.k_iters)
+    plan = stream_k_lib.TailSplit if self.config.split_tail else stream_k_lib.Schedule
+    schedule = plan.plan(self.num_tiles, self.workers, self.k_iters)
     return schedule if schedule.enabled else None
 
   @property

@@ -123,3 +123,93 @@ class Schedule:
       ke = min(start + length - tile * self.k_iters, self.k_iters)
       out.append((tile, kb, ke))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TailSplit:
+  """The whole waves first, then the partial last wave's tiles cut into equal K slices.
+
+  With T tiles on G workers, the T // G whole waves run as usual; each of the R = T % G
+  remaining tiles is then cut into S = G // R slices of K steps (at most one step
+  each), run side by side by R * S workers, so the tail takes ~1/S of a tile instead
+  of a whole one. Tile t's slices go to workers t * S ... t * S + S - 1; the first
+  (it runs K step 0) finishes the tile, the others contribute. Unlike `Schedule`'s
+  balanced ranges, the whole tiles walk K in step (sharing operands in L2) and the
+  slices start together at S offsets; a contributor never waits, so the order is safe.
+  Needs R * 2 <= G (S >= 2): otherwise `enabled` is False and every tile runs whole.
+
+  >>> s = TailSplit.plan(tiles=10, workers=4, k_iters=8)   # 2 waves, then 2 tiles
+  >>> s.slices, s.dp_tiles_per_worker, [s.slice_of(w) for w in range(4)]
+  (2, 2, [(8, 0, 4), (8, 4, 8), (9, 0, 4), (9, 4, 8)])
+  >>> s.owner(9 * 8 + 7), s.max_contributors   # tile 9's last step: worker 3
+  (3, 1)
+  """
+
+  tiles: int
+  workers: int
+  k_iters: int
+
+  @classmethod
+  def plan(cls, tiles: int, workers: int, k_iters: int) -> "TailSplit":
+    return cls(tiles, workers, k_iters)
+
+  @property
+  def dp_tiles_per_worker(self) -> int:
+    return self.tiles // self.workers
+
+  @property
+  def tail_tiles(self) -> int:
+    return self.tiles % self.workers
+
+  @property
+  def slices(self) -> int:
+    """K slices per tail tile (0 without a tail)."""
+    if not self.tail_tiles:
+      return 0
+    return min(self.workers // self.tail_tiles, self.k_iters)
+
+  @property
+  def enabled(self) -> bool:
+    return self.slices >= 2
+
+  @property
+  def max_contributors(self) -> int:
+    return self.slices - 1 if self.enabled else 0
+
+  def _bound(self, c):
+    """First K step of slice c (ints or traced): c * k_iters // slices."""
+    return (
+        c * self.k_iters // self.slices
+        if isinstance(c, int)
+        else lax.div(c * self.k_iters, self.slices)
+    )
+
+  def slice_of(self, worker: int) -> tuple[int, int, int] | None:
+    """(tile, first k, end k) of `worker`'s tail slice, or None (ints)."""
+    if worker >= self.tail_tiles * self.slices:
+      return None
+    t, c = divmod(worker, self.slices)
+    return self.dp_tiles_per_worker * self.workers + t, self._bound(c), self._bound(c + 1)
+
+  def owner(self, step):
+    """The worker that runs K step `step` (tile * k_iters + k) of a tail tile; traced ok."""
+    kt, s = self.k_iters, self.slices
+    div = (lambda a, b: a // b) if isinstance(step, int) else lax.div
+    tile, k = div(step, kt), step - div(step, kt) * kt
+    first = self.dp_tiles_per_worker * self.workers
+    return (tile - first) * s + div((k + 1) * s - 1, kt)  # k's slice: ceil((k+1)S/kt) - 1
+
+  def for_each_unit(self, visit, worker):
+    """Inside the kernel: visit(step0, tile_index, kb, ke) for `worker`'s whole tiles,
+    then its tail slice (if any); returns its step count (traced)."""
+    kt, dp = self.k_iters, self.dp_tiles_per_worker
+
+    @pl.loop(0, dp)
+    def _(i):
+      visit(i * kt, worker + i * self.workers, 0, kt)
+
+    has_slice = worker < self.tail_tiles * self.slices
+    t, c = lax.div(worker, self.slices), lax.rem(worker, self.slices)
+    kb, ke = self._bound(c), self._bound(c + 1)
+    pl.when(has_slice)(lambda: visit(dp * kt, dp * self.workers + t, kb, ke))
+    return dp * kt + jnp.where(has_slice, ke - kb, 0)

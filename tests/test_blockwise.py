@@ -168,12 +168,16 @@ def test_lowers_for_cuda_at_deepseek_shapes(depth):
     assert compile_once.module_kernel_count(text) == 1
 
 
-def test_stream_k_lowers_for_cuda():
-  # 4 x 17 tiles of 57 K blocks on 5 workers: 3 split tiles, then whole ones
+@pytest.mark.parametrize("tail", [False, True])
+def test_stream_k_lowers_for_cuda(tail):
+  # 4 x 17 tiles of 57 K blocks on 5 workers: 3 split tiles, then whole ones; the tail
+  # split on 32: 2 waves, then 4 tiles in 8 slices each
   m, n, k = 500, 2112, 7168 + 64
   s = jax.ShapeDtypeStruct
   args = (s((m, k), E4M3), s((n, k), E4M3), s((m, 57), jnp.float32), s((17, 57), jnp.float32))
-  config = dataclasses.replace(bw.block_config(_problem(m, n, k)), stream_k=True, num_sms=5)
+  config = dataclasses.replace(
+      bw.block_config(_problem(m, n, k)), stream_k=True, split_tail=tail, num_sms=32 if tail else 5
+  )
   f = jax.jit(lambda *a: bw.blockwise_scaled_matmul(*a, config=config, implementation="pallas"))
   text = jax.export.export(f, platforms=["cuda"])(*args).mlir_module()
   assert compile_once.module_kernel_count(text) == 1
@@ -381,16 +385,27 @@ def test_on_the_gpu_against_float64(b_block, k, depth):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "b_block,k,depth,sms",
-    [((128, 128), 7168 + 64, 2, 7), ((128, 128), 7168, 1, 20), ((1, 128), 7168 + 64, 2, 13)],
+    "b_block,k,depth,sms,tail",
+    [
+        ((128, 128), 7168 + 64, 2, 7, False),
+        ((128, 128), 7168, 1, 20, False),
+        ((1, 128), 7168 + 64, 2, 13, False),
+        ((128, 128), 7168 + 64, 2, 132, True),
+        ((1, 128), 7168, 1, 100, True),
+    ],
 )
-def test_stream_k_on_the_gpu_against_float64(b_block, k, depth, sms):
+def test_stream_k_on_the_gpu_against_float64(b_block, k, depth, sms, tail):
   # 136 tiles on 7, 20 or 13 workers: the last waves split at K-block granularity, each
-  # unit's promoted sum an f32 partial that the tile's finisher adds
+  # unit's promoted sum an f32 partial that the tile's finisher adds; the tail split on
+  # 132 workers: one wave, then 4 tiles in 33 slices of 1-2 K blocks (on 100: 36 in 2)
   xq, wq, xs, ws = _operands(1000, 2112, k, b_block, seed=29)
   problem = dataclasses.replace(_problem(1000, 2112, k), b_scale_rows=b_block[0])
   config = dataclasses.replace(
-      bw.block_config(problem), promotion_depth=depth, stream_k=True, num_sms=sms
+      bw.block_config(problem),
+      promotion_depth=depth,
+      stream_k=True,
+      split_tail=tail,
+      num_sms=sms,
   )
   y = bw.blockwise_scaled_matmul(xq, wq, xs, ws, out_dtype=jnp.float32, config=config)
   assert _rel(y, _reference(xq, wq, xs, ws, b_block)) < 1e-3

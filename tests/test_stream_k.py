@@ -114,6 +114,96 @@ def test_numpy_replay_of_the_reduction_equals_the_product():
   np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
 
+tail_splits = st.builds(
+    stream_k.TailSplit.plan,
+    tiles=st.integers(1, 400),
+    workers=st.integers(1, 140),
+    k_iters=st.integers(1, 160),
+)
+
+
+def _tail_units(s):
+  """(worker, tile, kb, ke) of every unit of a TailSplit, in each worker's order."""
+  units = []
+  for w in range(s.workers):
+    units += [(w, w + i * s.workers, 0, s.k_iters) for i in range(s.dp_tiles_per_worker)]
+    if s.enabled and s.slice_of(w) is not None:
+      units.append((w, *s.slice_of(w)))
+  return units
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(tail_splits)
+def test_tail_split_runs_every_k_step_once_and_waits_match_signals(s):
+  if not s.enabled:  # the plan is not used: every tile runs whole (`_Plan.stream_k`)
+    assert s.tiles % s.workers == 0 or 2 * (s.tiles % s.workers) > s.workers or s.k_iters < 2
+    return
+  covered = np.zeros((s.tiles, s.k_iters), int)
+  signals, waits = set(), []
+  for w, tile, kb, ke in _tail_units(s):
+    assert ke > kb
+    covered[tile, kb:ke] += 1
+    if (kb, ke) == (0, s.k_iters):
+      continue  # a whole tile
+    assert s.owner(tile * s.k_iters + kb) == w == s.owner(tile * s.k_iters + ke - 1)
+    if kb > 0:
+      signals.add(w)
+    else:
+      contributors = s.owner(tile * s.k_iters + s.k_iters - 1) - w
+      assert contributors == s.max_contributors == s.slices - 1
+      waits += [w + 1 + c for c in range(contributors)]
+  assert (covered == 1).all()
+  assert sorted(waits) == sorted(signals)
+  # equal slices: the tail takes one slice's time, at most ceil(k_iters / slices) steps
+  lengths = [ke - kb for _, _, kb, ke in _tail_units(s) if (kb, ke) != (0, s.k_iters)]
+  assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize("tiles, workers, k_iters", [(136, 132, 56), (162, 132, 64), (32, 132, 9)])
+def test_traced_tail_split_matches_ints(tiles, workers, k_iters):
+  s = stream_k.TailSplit.plan(tiles, workers, k_iters)
+  first = s.dp_tiles_per_worker * workers
+  steps = jnp.arange(first * k_iters, tiles * k_iters)
+  assert np.asarray(jax.jit(s.owner)(steps)).tolist() == [
+      s.owner(i) for i in range(first * k_iters, tiles * k_iters)
+  ]
+  c = jnp.arange(s.slices + 1)
+  assert np.asarray(jax.jit(s._bound)(c)).tolist() == [s._bound(i) for i in range(s.slices + 1)]
+
+
+def test_numpy_replay_of_the_tail_split_equals_the_product():
+  rng = np.random.default_rng(1)
+  tm, tn, tk, m_tiles, n_tiles, k_iters, workers = 4, 3, 2, 3, 3, 7, 4
+  a = rng.standard_normal((m_tiles * tm, k_iters * tk))
+  b = rng.standard_normal((k_iters * tk, n_tiles * tn))
+  s = stream_k.TailSplit.plan(m_tiles * n_tiles, workers, k_iters)  # 2 waves + 1 tile in 4
+  assert (s.dp_tiles_per_worker, s.slices) == (2, 4)
+
+  def part(tile, kb, ke):
+    mi, ni = divmod(tile, n_tiles)
+    ks = slice(kb * tk, ke * tk)
+    return (mi, ni), a[mi * tm : (mi + 1) * tm, ks] @ b[ks, ni * tn : (ni + 1) * tn]
+
+  out, partials = np.full((m_tiles * tm, n_tiles * tn), np.nan), {}
+  units = _tail_units(s)
+  for w, tile, kb, ke in units:
+    if kb > 0:
+      partials[w] = part(tile, kb, ke)[1]
+  for w, tile, kb, ke in units:
+    if kb == 0:
+      (mi, ni), acc = part(tile, kb, ke)
+      if ke < k_iters:
+        for c in range(s.owner(tile * k_iters + k_iters - 1) - w):
+          acc = acc + partials[w + 1 + c]
+      out[mi * tm : (mi + 1) * tm, ni * tn : (ni + 1) * tn] = acc
+  np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_split_tail_needs_stream_k():
+  with pytest.raises(ValueError, match="GemmConfig.split_tail=True: must be a bool, True only"):
+    GemmConfig(split_tail=True)
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -149,6 +239,8 @@ def test_interpret_mode_refuses_stream_k():
             GemmConfig(stream_k=True, wg_split="n", tile_n=128),
             dict(return_pre=True),
         ),
+        (2304, 2112, 4096, GemmConfig(stream_k=True, split_tail=True, cluster=(2, 1)), {}),
+        (1000, 1024, 576, GemmConfig(stream_k=True, split_tail=True), dict(bias=True)),
     ],
 )
 def test_stream_k_lowers_for_cuda(m, n, k, cfg, extras):
