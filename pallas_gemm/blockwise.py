@@ -31,6 +31,7 @@ from pallas_gemm import _compat
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import gemm as gemm_lib
 from pallas_gemm import grouped
+from pallas_gemm import heuristics
 from pallas_gemm import ragged_gemm as rg
 from pallas_gemm import smem
 from pallas_gemm.config import (
@@ -328,8 +329,11 @@ def block_config(
   buffers leave room for a sixth stage (1.3-5.0% faster on the H200, NOTES exp. 116).
   Promotion depth 2, or 1 with per-row B scales: their factor is a full 64-register array
   per block, and two blocks in flight beside it spill (256 against 941 TFLOP/s at
-  2048x7168x16384 on the H200, NOTES exp. 112). Stream-K where `stream_k_pays` on
-  `num_sms` (default: the device's)."""
+  2048x7168x16384 on the H200, NOTES exp. 112). On `num_sms` SMs (default: the
+  device's), balanced stream-K where `stream_k_pays`, else with square B blocks the
+  last wave split into K slices of >= 12 blocks where it has a tail
+  (`heuristics.split_tail`: 1.056x at 1024x7168x16384, 1.14x at 1536x1536x16384 on
+  the H200, NOTES exp. 125)."""
   if config is not None:
     return config
   cfg = default_config(dataclasses.replace(problem, block_scaled=False))
@@ -344,9 +348,14 @@ def block_config(
       split_k=1,
       epilogue_tile=(64, 32),
       promotion_depth=2 if problem.b_scale_rows > 1 else 1,
-      stream_k=stream_k_pays(problem, num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS),
+      stream_k=False,
+      split_tail=False,
   )
-  return fit_stages(cfg, problem, 6 * SCALE_BLOCK // problem.scale_block_k)
+  cfg = fit_stages(cfg, problem, 6 * SCALE_BLOCK // problem.scale_block_k)
+  sms = num_sms or _compat.device_sm_count() or DEFAULT_NUM_SMS
+  if stream_k_pays(problem, sms):
+    return dataclasses.replace(cfg, stream_k=True)
+  return heuristics.split_tail(problem, cfg, sms) if problem.b_scale_rows > 1 else cfg
 
 
 def _kernel_path(

@@ -100,7 +100,8 @@ class Collective:
     )  # fmt: skip
     config = heuristics.default_config(problem, num_sms=sms)
     sms -= sms % config.cluster_size
-    return dataclasses.replace(call, config=dataclasses.replace(config, num_sms=sms))
+    whole = dataclasses.replace(config, num_sms=sms, stream_k=False, split_tail=False)
+    return dataclasses.replace(call, config=whole)  # tiles whole beside the collectives
 
   def gather(self, x, call: GemmCall, w, bias=None):
     """(outputs of `call` on (all_gather(x), w, bias) as a tuple, all_gather(x)), rows

@@ -251,9 +251,19 @@ def test_block_config():
   assert not cfg.stream_k  # 13.6 waves
   just_over = dataclasses.replace(problem, m=1024, n=2112, k=7168)
   assert bw.block_config(just_over, num_sms=132).stream_k
-  assert not bw.block_config(just_over, num_sms=114).stream_k
+  on_114 = bw.block_config(just_over, num_sms=114)  # 22 tail tiles: 4 slices each
+  assert on_114.stream_k and on_114.split_tail
   assert not bw.block_config(dataclasses.replace(just_over, k=2048), num_sms=132).stream_k
   bw.block_config(just_over, num_sms=132).validate(just_over)
+  assert not bw.block_config(just_over, num_sms=132).split_tail  # balanced ranges there
+  # past that, the last wave in K slices of >= 12 blocks: 448 tiles = 3 waves + 52 in 2
+  tail = dataclasses.replace(problem, m=1024)
+  assert (bw.block_config(tail, num_sms=132).stream_k, bw.block_config(tail).split_tail) == (
+      True,
+      True,
+  )
+  short = dataclasses.replace(tail, k=2048)  # 16 blocks: one slice of 8 would lose
+  assert not bw.block_config(short, num_sms=132).split_tail
 
 
 def test_bad_input_names_the_argument():
@@ -397,7 +407,7 @@ def test_on_the_gpu_against_float64(b_block, k, depth):
 def test_stream_k_on_the_gpu_against_float64(b_block, k, depth, sms, tail):
   # 136 tiles on 7, 20 or 13 workers: the last waves split at K-block granularity, each
   # unit's promoted sum an f32 partial that the tile's finisher adds; the tail split on
-  # 132 workers: one wave, then 4 tiles in 33 slices of 1-2 K blocks (on 100: 36 in 2)
+  # 132 workers: one wave, then 4 tiles in 4 slices of 14-15 K blocks (on 100: 36 in 2)
   xq, wq, xs, ws = _operands(1000, 2112, k, b_block, seed=29)
   problem = dataclasses.replace(_problem(1000, 2112, k), b_scale_rows=b_block[0])
   config = dataclasses.replace(

@@ -119,6 +119,7 @@ tail_splits = st.builds(
     tiles=st.integers(1, 400),
     workers=st.integers(1, 140),
     k_iters=st.integers(1, 160),
+    min_steps=st.integers(1, 16),
 )
 
 
@@ -136,7 +137,8 @@ def _tail_units(s):
 @given(tail_splits)
 def test_tail_split_runs_every_k_step_once_and_waits_match_signals(s):
   if not s.enabled:  # the plan is not used: every tile runs whole (`_Plan.stream_k`)
-    assert s.tiles % s.workers == 0 or 2 * (s.tiles % s.workers) > s.workers or s.k_iters < 2
+    tail = s.tiles % s.workers
+    assert tail == 0 or 2 * tail > s.workers or s.k_iters < 2 * s.min_steps
     return
   covered = np.zeros((s.tiles, s.k_iters), int)
   signals, waits = set(), []
@@ -156,12 +158,12 @@ def test_tail_split_runs_every_k_step_once_and_waits_match_signals(s):
   assert sorted(waits) == sorted(signals)
   # equal slices: the tail takes one slice's time, at most ceil(k_iters / slices) steps
   lengths = [ke - kb for _, _, kb, ke in _tail_units(s) if (kb, ke) != (0, s.k_iters)]
-  assert max(lengths) - min(lengths) <= 1
+  assert max(lengths) - min(lengths) <= 1 and min(lengths) >= s.min_steps
 
 
 @pytest.mark.parametrize("tiles, workers, k_iters", [(136, 132, 56), (162, 132, 64), (32, 132, 9)])
 def test_traced_tail_split_matches_ints(tiles, workers, k_iters):
-  s = stream_k.TailSplit.plan(tiles, workers, k_iters)
+  s = stream_k.TailSplit.plan(tiles, workers, k_iters, min_steps=1)
   first = s.dp_tiles_per_worker * workers
   steps = jnp.arange(first * k_iters, tiles * k_iters)
   assert np.asarray(jax.jit(s.owner)(steps)).tolist() == [
@@ -176,7 +178,7 @@ def test_numpy_replay_of_the_tail_split_equals_the_product():
   tm, tn, tk, m_tiles, n_tiles, k_iters, workers = 4, 3, 2, 3, 3, 7, 4
   a = rng.standard_normal((m_tiles * tm, k_iters * tk))
   b = rng.standard_normal((k_iters * tk, n_tiles * tn))
-  s = stream_k.TailSplit.plan(m_tiles * n_tiles, workers, k_iters)  # 2 waves + 1 tile in 4
+  s = stream_k.TailSplit.plan(m_tiles * n_tiles, workers, k_iters, min_steps=1)  # 2 waves + 1 in 4
   assert (s.dp_tiles_per_worker, s.slices) == (2, 4)
 
   def part(tile, kb, ke):
