@@ -14,6 +14,9 @@
 #                                         # there, then benchmarks.odd_rows (~6 min)
 #   bash benchmarks/run_device.sh skinny  # outputs of N <= 32 (NOTES exp. 101): the skinny device
 #                                         # checks, then benchmarks.skinny (~4 min)
+#   bash benchmarks/run_device.sh tail    # the tail split (NOTES exp. 125): stream-K device
+#                                         # checks, blockwise stream-K GPU tests, then
+#                                         # benchmarks.tail_split, fit and held-out (~10 min)
 #   bash benchmarks/run_device.sh short_k # K <= 128 (NOTES exp. 102): the whole-tile stores'
 #                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
@@ -137,6 +140,13 @@ case "${1:-}" in
   skinny)
     step skinny_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k skinny
     step skinny 200 18 python -u -m benchmarks.skinny
+    ;;
+  tail)
+    step tail_checks 200 3 python -u -m benchmarks.device_check --only splittail,streamk \
+      --skip-timing
+    step tail_blockwise_tests 200 3 python -u -m pytest -q -rf -m gpu tests/test_blockwise.py \
+      -k stream_k
+    step tail_split 300 22 python -u -m benchmarks.tail_split
     ;;
   short_k)
     step short_k_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k short_k

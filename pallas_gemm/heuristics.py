@@ -537,12 +537,16 @@ def _config(fields: dict) -> GemmConfig:
 
 
 def describe(fields: dict) -> str:
-  """'TMxTNxTK sS schedule/split cluster CMxCN[ split_k S]' of a config's fields."""
+  """'TMxTNxTK sS schedule/split cluster CMxCN[ split_k S][ stream-K| tail split]' of a
+  config's fields."""
   text = (
       f"{fields['tile_m']}x{fields['tile_n']}x{fields['tile_k']} s{fields['stages']} "
       f"{fields['schedule']}/{fields['wg_split']} cluster {fields['cluster'][0]}x{fields['cluster'][1]}"
   )
-  return text + (f" split_k {fields['split_k']}" if fields.get("split_k", 1) > 1 else "")
+  text += f" split_k {fields['split_k']}" if fields.get("split_k", 1) > 1 else ""
+  if fields.get("stream_k"):
+    text += " tail split" if fields.get("split_tail") else " stream-K"
+  return text
 
 
 def _itemsize(dtype: str) -> int:
