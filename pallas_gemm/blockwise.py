@@ -332,8 +332,7 @@ def block_config(
   2048x7168x16384 on the H200, NOTES exp. 112). On `num_sms` SMs (default: the
   device's), balanced stream-K where `stream_k_pays`, else with square B blocks the
   last wave split into K slices of >= 12 blocks where it has a tail
-  (`heuristics.split_tail`: 1.056x at 1024x7168x16384, 1.14x at 1536x1536x16384 on
-  the H200, NOTES exp. 125)."""
+  (`heuristics.split_tail`: 1.056x at 1024x7168x16384 on the H200, NOTES exp. 125)."""
   if config is not None:
     return config
   cfg = default_config(dataclasses.replace(problem, block_scaled=False))

@@ -136,9 +136,8 @@ class TailSplit:
   """The whole waves first, then the partial last wave's tiles cut into equal K slices.
 
   With T tiles on G workers, the T // G whole waves run as usual; each of the R = T % G
-  remaining tiles is then cut into S = G // R slices of K steps (at most one step
-  each), run side by side by R * S workers, so the tail takes ~1/S of a tile instead
-  of a whole one. Tile t's slices go to workers t * S ... t * S + S - 1; the first
+  remaining tiles is then cut into S equal slices of K steps, run side by side by R * S
+  workers, so the tail takes ~1/S of a tile instead of a whole one. Tile t's slices go to workers t * S ... t * S + S - 1; the first
   (it runs K step 0) finishes the tile, the others contribute. Unlike `Schedule`'s
   balanced ranges, the whole tiles walk K in step (sharing operands in L2) and the
   slices start together at S offsets; a contributor never waits, so the order is safe.
@@ -159,13 +158,13 @@ class TailSplit:
   tiles: int
   workers: int
   k_iters: int
-  min_steps: int = 1
+  min_steps: int = MIN_SLICE_STEPS
 
   @classmethod
   def plan(
-      cls, tiles: int, workers: int, k_iters: int, min_steps: int | None = None
+      cls, tiles: int, workers: int, k_iters: int, min_steps: int = MIN_SLICE_STEPS
   ) -> "TailSplit":
-    return cls(tiles, workers, k_iters, MIN_SLICE_STEPS if min_steps is None else min_steps)
+    return cls(tiles, workers, k_iters, min_steps)
 
   @property
   def dp_tiles_per_worker(self) -> int:
