@@ -363,8 +363,9 @@ def _default_config(problem: GemmProblem, num_sms: int, hbm_scale: float) -> Gem
 
 def split_tail(problem: GemmProblem, config: GemmConfig, num_sms: int) -> GemmConfig:
   """`config` with its partial last wave cut into K slices (`stream_k.TailSplit`) where
-  that plan exists: whole cooperative tiles without split-K. 1.003-1.27x on six bf16
-  projections on the H200 (NOTES exp. 125); the time model does not see it.
+  that plan exists after at least one whole wave: whole cooperative tiles without
+  split-K. 1.003-1.27x on six bf16 projections of 1.3-27 waves on the H200 (NOTES exp.
+  125); under one wave `split_k` decides, as before. The time model does not see it.
 
   >>> p = GemmProblem(m=2048, n=2112, k=7168)   # 88 cluster tiles on 66 clusters
   >>> cfg = split_tail(p, GemmConfig(tile_n=192, tile_k=64, cluster=(2, 1)), 132)
@@ -375,7 +376,8 @@ def split_tail(problem: GemmProblem, config: GemmConfig, num_sms: int) -> GemmCo
     return config
   workers = (config.num_sms or num_sms) // config.cluster_size
   units = _work(problem, config, num_sms)[3] // config.cluster_size
-  if not stream_k.TailSplit.plan(units, workers, tiles(problem.k, config.tile_k)).enabled:
+  plan = stream_k.TailSplit.plan(units, workers, tiles(problem.k, config.tile_k))
+  if not plan.enabled or not plan.dp_tiles_per_worker:
     return config
   return dataclasses.replace(config, stream_k=True, split_tail=True)
 
