@@ -134,10 +134,10 @@ def checks() -> list[Check]:
           (4096, 2112),
           dict(config=dataclasses.replace(tail, cluster=(2, 1))),
       ),
-      Check(
-          "NN splittail bias+gelu 1000x1016x1000 (one partial wave)",
-          (1000, 1000),
-          (1000, 1016),
+      Check(  # 32 tiles, 25 K steps: each tile in 2 slices (>= 12 steps each)
+          "NN splittail bias+gelu 1000x1016x1600 (one partial wave)",
+          (1000, 1600),
+          (1600, 1016),
           dict(bias=True, activation="gelu_tanh", config=tail),
       ),
       Check(

@@ -171,7 +171,7 @@ def test_lowers_for_cuda_at_deepseek_shapes(depth):
 @pytest.mark.parametrize("tail", [False, True])
 def test_stream_k_lowers_for_cuda(tail):
   # 4 x 17 tiles of 57 K blocks on 5 workers: 3 split tiles, then whole ones; the tail
-  # split on 32: 2 waves, then 4 tiles in 8 slices each
+  # split on 32: 2 waves, then 4 tiles in 4 slices of 14-15 blocks each
   m, n, k = 500, 2112, 7168 + 64
   s = jax.ShapeDtypeStruct
   args = (s((m, k), E4M3), s((n, k), E4M3), s((m, 57), jnp.float32), s((17, 57), jnp.float32))

@@ -242,7 +242,7 @@ def test_interpret_mode_refuses_stream_k():
             dict(return_pre=True),
         ),
         (2304, 2112, 4096, GemmConfig(stream_k=True, split_tail=True, cluster=(2, 1)), {}),
-        (1000, 1024, 576, GemmConfig(stream_k=True, split_tail=True), dict(bias=True)),
+        (1000, 1024, 1600, GemmConfig(stream_k=True, split_tail=True), dict(bias=True)),
     ],
 )
 def test_stream_k_lowers_for_cuda(m, n, k, cfg, extras):
