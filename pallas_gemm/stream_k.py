@@ -137,10 +137,11 @@ class TailSplit:
 
   With T tiles on G workers, the T // G whole waves run as usual; each of the R = T % G
   remaining tiles is then cut into S equal slices of K steps, run side by side by R * S
-  workers, so the tail takes ~1/S of a tile instead of a whole one. Tile t's slices go to workers t * S ... t * S + S - 1; the first
-  (it runs K step 0) finishes the tile, the others contribute. Unlike `Schedule`'s
-  balanced ranges, the whole tiles walk K in step (sharing operands in L2) and the
-  slices start together at S offsets; a contributor never waits, so the order is safe.
+  workers, so the tail takes ~1/S of a tile instead of a whole one. Tile t's slices go
+  to workers t * S ... t * S + S - 1; the first (it runs K step 0) finishes the tile,
+  the others contribute. Unlike `Schedule`'s balanced ranges, the whole tiles walk K in
+  step (sharing operands in L2) and the slices start together at S offsets; a
+  contributor never waits, so the order is safe.
   A slice has at least `min_steps` K steps (`MIN_SLICE_STEPS`: shorter slices lost on
   the H200, their fixed costs and the finisher's partial reads no longer amortized), so
   S = min(G // R, k_iters // min_steps); S < 2 leaves `enabled` False and every tile
@@ -208,7 +209,8 @@ class TailSplit:
     """The worker that runs K step `step` (tile * k_iters + k) of a tail tile; traced ok."""
     kt, s = self.k_iters, self.slices
     div = (lambda a, b: a // b) if isinstance(step, int) else lax.div
-    tile, k = div(step, kt), step - div(step, kt) * kt
+    tile = div(step, kt)
+    k = step - tile * kt
     first = self.dp_tiles_per_worker * self.workers
     return (tile - first) * s + div((k + 1) * s - 1, kt)  # k's slice: ceil((k+1)S/kt) - 1
 
