@@ -70,9 +70,22 @@ def throttle_names(bits: int) -> list[str]:
   return [name for bit, name in THROTTLE_BITS.items() if bits & bit]
 
 
+def gpu_selector(visible: str | None = None) -> list[str]:
+  """nvidia-smi's arguments for the one GPU this process sees: nvidia-smi lists every GPU
+  whatever CUDA_VISIBLE_DEVICES says, so a process given one GPU of several (as
+  `run_device.sh par` does) names it.
+
+  >>> gpu_selector("2"), gpu_selector("0,1")
+  (['--id=2'], [])
+  """
+  if visible is None:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+  return [f"--id={visible.strip()}"] if visible.strip().isdigit() else []
+
+
 def _query_works(query: str) -> bool:
   once = subprocess.run(
-      ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+      ["nvidia-smi", *gpu_selector(), f"--query-gpu={query}", "--format=csv,noheader,nounits"],
       capture_output=True,
       text=True,
   )
@@ -93,6 +106,7 @@ class Sampler:
     self._proc = subprocess.Popen(
         [
             "nvidia-smi",
+            *gpu_selector(),
             f"--query-gpu={self.query}",
             "--format=csv,noheader,nounits",
             f"-lms={period_ms}",

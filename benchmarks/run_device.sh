@@ -48,6 +48,9 @@
 #                                         # the GPT model with decode routed whole
 #   bash benchmarks/run_device.sh models # both default models with sustained clock, power and
 #                                         # joules per step (issue 15's table; ~9 min)
+#   bash benchmarks/run_device.sh par MODE...  # several GPUs: MODE i on GPU i, all at once
+#                                         # (each its own process, $OUT/MODE and power samples),
+#                                         # then every MODE's summary
 #   bash benchmarks/run_device.sh calibrate  # time every candidate of the fit sweep (~5 min):
 #                                         # the data pallas_gemm/heuristics.py is fitted to
 #
@@ -71,6 +74,22 @@ step() {  # step NAME SECONDS TAIL_LINES COMMAND...
 }
 
 case "${1:-}" in
+  par)
+    shift
+    gpu=0
+    for mode in "$@"; do
+      OUT="$OUT/$mode" CUDA_VISIBLE_DEVICES=$gpu bash "$0" "$mode" > "$OUT/$mode.txt" 2>&1 &
+      gpu=$((gpu + 1))
+    done
+    wait
+    gpu=0
+    for mode in "$@"; do
+      echo "##### $mode (GPU $gpu)"
+      gpu=$((gpu + 1))
+      cat "$OUT/$mode.txt"
+    done
+    exit 0
+    ;;
   check)  # 143 cases: 421 s were not enough on a cold machine (2026-11-22)
     step gemm_check 570 3 python -u -m benchmarks.device_check --skip-timing
     ;;
@@ -142,11 +161,11 @@ case "${1:-}" in
     step skinny 200 18 python -u -m benchmarks.skinny
     ;;
   tail)
-    step tail_checks 200 3 python -u -m benchmarks.device_check --only splittail,streamk \
+    step tail_checks 160 3 python -u -m benchmarks.device_check --only splittail,streamk \
       --skip-timing
-    step tail_blockwise_tests 200 3 python -u -m pytest -q -rf -m gpu tests/test_blockwise.py \
+    step tail_blockwise_tests 140 3 python -u -m pytest -q -rf -m gpu tests/test_blockwise.py \
       -k stream_k
-    step tail_split 300 22 python -u -m benchmarks.tail_split
+    step tail_split 280 22 python -u -m benchmarks.tail_split
     ;;
   short_k)
     step short_k_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k short_k
