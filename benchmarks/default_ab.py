@@ -66,9 +66,10 @@ def run(
     iterations: int = 10,
     log=print,
 ) -> list[dict]:
-  """Times xla, the default and `before(case)` on every case, interleaved in `rounds`; one
-  row per case (us per contender, each kernel output's relative difference from XLA's),
-  logged as it goes, then the geometric means of XLA's time over each contender's."""
+  """Times xla, the default and `before(case)` on every case, interleaved in `rounds` (odd
+  rounds in reverse order); one row per case (us per contender, each kernel output's
+  relative difference from XLA's), logged as it goes, then the geometric means of XLA's
+  time over each contender's."""
   rows = []
   for case in cases:
     problem, plan = case.problem(), default_plan(case)
@@ -83,8 +84,8 @@ def run(
     kernel.prepare([config for _, config in timers.values() if config is not None])
     diff = {name: kernel.verify(config) for name, (_, config) in timers.items() if config}
     samples = {name: [] for name in timers}
-    for _ in range(rounds):
-      for name, (timer, config) in timers.items():
+    for r in range(rounds):  # odd rounds in reverse: the power cap's drift hits all alike
+      for name, (timer, config) in list(timers.items())[:: -1 if r % 2 else 1]:
         samples[name].append(timer(config))
     us = {name: 1e3 * statistics.median(s) for name, s in samples.items()}
     if routed:
@@ -111,7 +112,15 @@ def main(argv, description: str, cases, before: Callable[[Case], GemmConfig], be
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iterations", type=int, default=10)
+  parser.add_argument(
+      "--only", default="", help="comma-separated labels (e.g. '4096x256000x2048 NN'): these alone"
+  )
   args = parser.parse_args(argv)
+  if args.only:
+    wanted, labels = args.only.split(","), [case.label for case in cases]
+    if not set(wanted) <= set(labels):
+      parser.error(f"--only: {sorted(set(wanted) - set(labels))} are not cases; cases: {labels}")
+    cases = [case for case in cases if case.label in wanted]
   env = environment()
   print(env, flush=True)
   if env["platform"] != "gpu":
