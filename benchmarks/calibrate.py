@@ -22,6 +22,10 @@ import statistics
 import sys
 import time
 
+VERIFY_BOUND = 1e-2
+"""Largest relative difference of a config's output from XLA's that calibration times
+(bf16 outputs of the same products differ by rounding, ~1e-5-1e-3)."""
+
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration")
 """The calibration files the shipped time model is fitted to (`--fit` without files)."""
 
@@ -34,6 +38,7 @@ def calibrate(
     budget_s: float,
     out_dir: str | None,
     max_shapes: int | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict:
   from benchmarks import matmul as harness
   from pallas_gemm import shapes as shapes_lib
@@ -44,7 +49,8 @@ def calibrate(
   print(json.dumps(env), flush=True)
   results = dict(env=env, sweep=sweep, shapes=[])
   start = time.perf_counter()
-  for shape in shapes_lib.load_sweep(sweep)[:max_shapes]:
+  index, count = shard
+  for shape in shard_shapes(shapes_lib.load_sweep(sweep)[:max_shapes], shard):
     if time.perf_counter() - start > budget_s:
       print(f"budget of {budget_s:.0f} s spent: stopping before {shape.label}", flush=True)
       break
@@ -54,7 +60,14 @@ def calibrate(
     xla = CuptiTimer(problem, activation, iterations=iterations, implementation="xla")
     timer.prepare(configs)
     times = {c: [] for c in configs}
-    errors, xla_times = {}, []
+    errors, xla_times, rel_err = {}, [], {}
+    for config in configs:  # each config's output against XLA's before it is timed
+      try:
+        rel_err[config] = timer.verify(config)
+        if not rel_err[config] <= VERIFY_BOUND:
+          errors[config] = f"output differs from XLA's: relative error {rel_err[config]:.2e}"
+      except Exception as e:  # noqa: BLE001 -- recorded per config
+        errors[config] = f"{type(e).__name__}: {str(e)[:200]}"
     for _ in range(rounds):
       xla_times.append(xla(None))
       for config in configs:
@@ -67,6 +80,8 @@ def calibrate(
     rows = []
     for config in configs:
       row = dict(config=heuristics.config_fields(config))
+      if config in rel_err:
+        row["rel_err"] = rel_err[config]
       if config in errors:
         row["error"] = errors[config]
       else:
@@ -91,9 +106,23 @@ def calibrate(
     )
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"calibrate_{sweep}.json"), "w", encoding="utf-8") as f:
+    name = f"calibrate_{sweep}" + (f"_{index}of{count}" if count > 1 else "")
+    with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)
   return results
+
+
+def shard_shapes(shapes: list, shard: tuple[int, int]) -> list:
+  """Shard (index, count) of a sweep's shapes: every count-th from the index-th, so that
+  count GPUs calibrate a sweep side by side (`--shard I/N`; merge their files in order).
+
+  >>> shard_shapes(list("abcde"), (1, 2))
+  ['b', 'd']
+  """
+  index, count = shard
+  if not 0 <= index < count:
+    raise ValueError(f"--shard {index}/{count}: the index must be in [0, {count})")
+  return shapes[index::count]
 
 
 def parse_overrides(text: str) -> dict[str, float]:
@@ -189,6 +218,13 @@ def check_defaults(sweeps, bound: float = 8e-3) -> int:
   return failures
 
 
+def _parse_shard(parser, text: str) -> tuple[int, int]:
+  index, _, count = text.partition("/")
+  if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+    parser.error(f"--shard {text!r}: must be I/N with 0 <= I < N")
+  return int(index), int(count)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--sweep", default="fit")
@@ -196,6 +232,9 @@ def main(argv=None) -> int:
   parser.add_argument("--iterations", type=int, default=10)
   parser.add_argument("--budget-s", type=float, default=400.0)
   parser.add_argument("--max-shapes", type=int, default=None)
+  parser.add_argument(
+      "--shard", default="0/1", help="I/N: every N-th shape from the I-th (one GPU each)"
+  )
   parser.add_argument("--out", default=os.environ.get("OUT"))
   parser.add_argument(
       "--check",
@@ -217,6 +256,7 @@ def main(argv=None) -> int:
   )
   parser.add_argument("--dry-run", action="store_true", help="--compare: list, do not time")
   args = parser.parse_args(argv)
+  shard = _parse_shard(parser, args.shard)
   if args.compare is not None:
     try:
       overrides = parse_overrides(args.compare)
@@ -254,6 +294,7 @@ def main(argv=None) -> int:
       budget_s=args.budget_s,
       out_dir=args.out,
       max_shapes=args.max_shapes,
+      shard=shard,
   )
   return 0
 

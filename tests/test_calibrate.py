@@ -30,3 +30,16 @@ def test_the_shipped_parameters_change_nothing():
       ["fit", "heldout"], {}, num_sms=132, hbm_scale=1.0, timed=False, log=lambda *_: None
   )
   assert rows == []
+
+
+def test_shards_partition_a_sweep():
+  shapes = list(range(33))
+  shards = [calibrate.shard_shapes(shapes, (i, 3)) for i in range(3)]
+  assert sorted(sum(shards, [])) == shapes
+  with pytest.raises(ValueError, match="index must be"):
+    calibrate.shard_shapes(shapes, (3, 3))
+
+
+def test_a_bad_shard_is_refused():
+  with pytest.raises(SystemExit):
+    calibrate.main(["--shard", "2/2"])
