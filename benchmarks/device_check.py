@@ -117,6 +117,37 @@ def checks() -> list[Check]:
             ),
         )
     )
+  # Three consumer warpgroups (`GemmConfig.consumers`): 192x96 tiles, 64 rows each, as
+  # cuBLAS runs 1536^3 (partial edge tiles, a 1x2 cluster, the tail split's partial
+  # sums per warpgroup, an epilogue, B stored (N, K), and a split along N).
+  c3 = GemmConfig(tile_m=192, tile_n=96, consumers=3, stages=5, epilogue_tile=(64, 32))
+  checks += [
+      Check("NN consumers3 1536x1536x1536", (1536, 1536), (1536, 1536), dict(config=c3)),
+      Check(
+          "NN consumers3 cluster12 1000x1016x1000",
+          (1000, 1000),
+          (1000, 1016),
+          dict(config=dataclasses.replace(c3, cluster=(1, 2))),
+      ),
+      Check(  # 14 x 22 = 308 tiles on 132 SMs: 2 whole waves, 44 tiles in 3 slices of 16
+          "NN consumers3 splittail 2688x2112x3072",
+          (2688, 3072),
+          (3072, 2112),
+          dict(config=dataclasses.replace(c3, stream_k=True, split_tail=True)),
+      ),
+      Check(
+          "NT consumers3 bias+gelu 777x1000x520",
+          (777, 520),
+          (1000, 520),
+          dict(transpose_b=True, bias=True, activation="gelu_tanh", config=c3),
+      ),
+      Check(
+          "NN consumers3 split-n 64x192 500x1000x700",
+          (500, 700),
+          (700, 1000),
+          dict(config=GemmConfig(tile_m=64, tile_n=192, consumers=3, wg_split="n", stages=6)),
+      ),
+  ]
   # Stream-K (the last wave split over all SMs at K-step granularity, reduced in the kernel):
   # one contributor per tile, two (fewer tiles than SMs), single-step ranges and idle SMs.
   sk = GemmConfig(stream_k=True)

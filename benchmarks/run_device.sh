@@ -17,6 +17,8 @@
 #   bash benchmarks/run_device.sh tail    # the tail split (NOTES exp. 125): stream-K device
 #                                         # checks, blockwise stream-K GPU tests, then
 #                                         # benchmarks.tail_split, fit and held-out (~10 min)
+#   bash benchmarks/run_device.sh consumers # three consumer warpgroups (NOTES exp. 129): their
+#                                         # device checks, then benchmarks.three_consumers (~5 min)
 #   bash benchmarks/run_device.sh short_k # K <= 128 (NOTES exp. 102): the whole-tile stores'
 #                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
@@ -167,6 +169,11 @@ case "${1:-}" in
       -k stream_k
     step tail_split 280 22 python -u -m benchmarks.tail_split
     ;;
+  consumers)
+    step consumers_checks 200 3 python -u -m benchmarks.device_check --only consumers3 \
+      --skip-timing
+    step three_consumers 330 50 python -u -m benchmarks.three_consumers
+    ;;
   short_k)
     step short_k_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k short_k
     step short_k 200 16 python -u -m benchmarks.short_k
@@ -227,7 +234,7 @@ case "${1:-}" in
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|short_k|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
     exit 2
     ;;
 esac

@@ -44,7 +44,25 @@ OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 """Output dtypes without a scale (fp8 outputs are in FP8_DTYPES, with `out_scale`)."""
 KERNEL_OUTPUT_DTYPES = (*OUTPUT_DTYPES, *FP8_DTYPES)
 MAX_ACC_ELEMENTS_PER_WG = 128 * 128
-"""f32 accumulator elements per warpgroup: 128 registers per thread, of ~232."""
+"""f32 accumulator elements per warpgroup of two: 128 registers per thread, of 232."""
+
+CONSUMER_COUNTS = (2, 3)
+"""Consumer warpgroups a cooperative CTA may run (`GemmConfig.consumers`)."""
+
+OTHER_REGISTERS = 104
+"""Registers per consumer thread besides its accumulator (addresses, the epilogue's
+values): 232 - 128 with two consumers, kept for three."""
+
+
+def max_acc_elements(consumers: int) -> int:
+  """f32 accumulator elements one of `consumers` warpgroups may hold in registers.
+
+  >>> max_acc_elements(2) == MAX_ACC_ELEMENTS_PER_WG, max_acc_elements(3)   # 64x96
+  (True, 6144)
+  """
+  from pallas_gemm import pipeline  # local: pipeline imports jax's Pallas
+
+  return (pipeline.compute_registers(consumers) - OTHER_REGISTERS) * 128
 
 
 VECTOR_ALIGN_BYTES = 128
@@ -108,7 +126,7 @@ class GemmConfig:
 
   Attributes:
     tile_m, tile_n: output tile of one CTA. `cooperative` splits it between the
-      two consumer warpgroups along `wg_split`; `pingpong` gives each warpgroup
+      consumer warpgroups along `wg_split`; `pingpong` gives each of two warpgroups
       a whole tile of its own, alternating.
     tile_k: K extent of one pipeline stage.
     stages: SMEM ring depth (A and B tiles in flight).
@@ -135,6 +153,10 @@ class GemmConfig:
       block's WGMMA run while the previous block is scaled, at 64 more registers per
       thread: 1-14% faster than 1 (serial) on the H100 (NOTES exp. 63); the default is 1
       with per-row B scales, whose factor array would not fit beside two blocks (exp. 112).
+    consumers: consumer warpgroups of a cooperative CTA, 2 or 3 (each then holds a third
+      of the tile: 192 rows as three 64-row slices, the way cuBLAS runs 192x96 tiles); they
+      share the registers the producer leaves (`pipeline.compute_registers`: 232 per
+      thread for 2, 152 for 3), so 3 bounds each accumulator at 64x96.
   """
 
   tile_m: int = 128
@@ -152,6 +174,7 @@ class GemmConfig:
   stream_k: bool = False
   split_tail: bool = False
   promotion_depth: int = 2
+  consumers: int = 2
 
   def __post_init__(self):
     """Types, checked at construction (a cache file's entries too): positive ints where
@@ -187,6 +210,8 @@ class GemmConfig:
       fail("split_tail", "must be a bool, True only with stream_k=True")
     if self.promotion_depth not in (1, 2) or isinstance(self.promotion_depth, bool):
       fail("promotion_depth", "must be 1 or 2")
+    if self.consumers not in CONSUMER_COUNTS or isinstance(self.consumers, bool):
+      fail("consumers", f"must be one of {CONSUMER_COUNTS}")
     for field in ("schedule", "wg_split", "raster"):
       if not isinstance(getattr(self, field), str):
         fail(field, "must be a str")
@@ -198,8 +223,8 @@ class GemmConfig:
     if self.schedule == "pingpong":
       return self.tile_m, self.tile_n
     if self.wg_split == "m":
-      return self.tile_m // 2, self.tile_n
-    return self.tile_m, self.tile_n // 2
+      return self.tile_m // self.consumers, self.tile_n
+    return self.tile_m, self.tile_n // self.consumers
 
   @property
   def epilogue_shape(self) -> tuple[int, int]:
@@ -254,20 +279,20 @@ class GemmConfig:
     problem = self.kernel_problem(problem)
     em, en = self.epilogue_shape
     wm, wn = self.wg_tile
-    slots = (2, self.epilogue_slots, em, en)
+    slots = (self.consumers, self.epilogue_slots, em, en)
     return smem.footprint(
         ((self.stages, self.tile_m, self.tile_k), problem.dtype),
         ((self.stages, self.tile_k, self.tile_n), problem.dtype_b),
         (slots, problem.out_dtype),
         *(  # the vector operands, staged per tile (`operands.VECTORS`)
-            ((2, OPERANDS[name].kind.along(wm, wn)), "float32")
+            ((self.consumers, OPERANDS[name].kind.along(wm, wn)), "float32")
             for name in operands.present(problem)
             if name in operands.VECTORS
         ),
         ((*slots[:2], problem.residual_operands, em, en), problem.residual_dtype)
         if problem.residual_dtype
         else None,
-        ((2, wm), "float32") if problem.amax else None,
+        ((self.consumers, wm), "float32") if problem.amax else None,
         ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
         ((self.stages, 1, B_SCALE_BOX if problem.b_scale_rows > 1 else self.tile_n), "float32")
         if problem.block_scaled
@@ -323,12 +348,16 @@ class GemmConfig:
     problem = self.kernel_problem(problem)
 
     wm, wn = self.wg_tile
+    if self.consumers != 2 and (self.schedule != "cooperative" or problem.block_scaled):
+      fail("consumers", "must be 2 for pingpong and for blockwise-scaled GEMMs")
     if self.schedule == "pingpong" or self.wg_split == "n":
       if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
         fail("tile_m", "must be 64, 128, 192 or 256 (WGMMA rows come in 64s)")
-    elif self.tile_m % 128 or not 128 <= self.tile_m <= 256:
+    elif self.tile_m % (64 * self.consumers) or not wm <= 128:
       fail(
-          "tile_m", "must be 128 or 256 when cooperative warpgroups split M (64 rows each at least)"
+          "tile_m",
+          f"must give each of {self.consumers} warpgroups splitting M 64 or 128 rows "
+          f"({', '.join(str(r * self.consumers) for r in (64, 128))})",
       )
     if wn % 8 or wn > 256:
       fail("tile_n", f"gives a warpgroup tile {wn} wide; WGMMA needs N a multiple of 8 and <= 256")
@@ -337,10 +366,12 @@ class GemmConfig:
           "wg_split",
           "must be 'n' when A is transposed (an MN-major A tile cannot be split along M)",
       )
-    if wm * wn > MAX_ACC_ELEMENTS_PER_WG:
+    if wm * wn > max_acc_elements(self.consumers):
       fail(
           "tile_n",
-          f"gives a {wm}x{wn} f32 accumulator per warpgroup; at most {MAX_ACC_ELEMENTS_PER_WG} elements fit in registers",
+          f"gives a {wm}x{wn} f32 accumulator per warpgroup; at most "
+          f"{max_acc_elements(self.consumers)} elements fit in registers with "
+          f"{self.consumers} consumers",
       )
 
     span = smem.swizzle_span(problem.dtype, 128)

@@ -539,11 +539,17 @@ def _config(fields: dict) -> GemmConfig:
 
 
 def describe(fields: dict) -> str:
-  """'TMxTNxTK sS schedule/split cluster CMxCN[ split_k S][ stream-K| tail split]' of a
-  config's fields."""
+  """'TMxTNxTK sS schedule/split[xC] cluster CMxCN[ split_k S][ stream-K| tail split]' of
+  a config's fields (xC: C consumer warpgroups, where not 2).
+
+  >>> describe(config_fields(GemmConfig(tile_m=192, tile_n=96, consumers=3)))
+  '192x96x64 s4 cooperative/mx3 cluster 1x1'
+  """
+  consumers = fields.get("consumers", 2)
   text = (
       f"{fields['tile_m']}x{fields['tile_n']}x{fields['tile_k']} s{fields['stages']} "
-      f"{fields['schedule']}/{fields['wg_split']} cluster {fields['cluster'][0]}x{fields['cluster'][1]}"
+      f"{fields['schedule']}/{fields['wg_split']}{f'x{consumers}' if consumers != 2 else ''} "
+      f"cluster {fields['cluster'][0]}x{fields['cluster'][1]}"
   )
   text += f" split_k {fields['split_k']}" if fields.get("split_k", 1) > 1 else ""
   if fields.get("stream_k"):

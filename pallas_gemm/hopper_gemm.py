@@ -1,14 +1,15 @@
 """Warp-specialized persistent GEMM for Hopper (Pallas Mosaic GPU).
 
 One producer warpgroup streams A and B tiles with TMA into a ring of swizzled
-SMEM stages; two consumer warpgroups run WGMMA on them with f32 accumulators,
+SMEM stages; two (or three) consumer warpgroups run WGMMA on them with f32 accumulators,
 keeping one WGMMA group in flight, and run the fused epilogue through SMEM with
 asynchronous TMA stores. The grid is persistent: each CTA (or 2-CTA cluster,
 with TMA multicast of the shared operand) walks its share of output tiles in
 the order `raster.tile_coords` gives, and the SMEM ring runs on across tiles.
 
 Schedules:
-  cooperative: both consumers work on one tile, split along M or N.
+  cooperative: the consumers (2, or 3: `GemmConfig.consumers`) work on one tile, split
+    along M or N.
   pingpong: each consumer owns whole tiles, alternating, so one warpgroup's
     epilogue overlaps the other's main loop; the ring is shared and both
     warpgroups release every stage (see `skim`).
@@ -131,7 +132,7 @@ class _Plan:
   @property
   def partial_slots(self) -> int:
     """Stream-K workspace slots: one f32 warpgroup tile per CTA and consumer."""
-    return self.workers * self.config.cluster_size * 2
+    return self.workers * self.config.cluster_size * self.config.consumers
 
 
 def _tile_position(p: _Plan, tile_index):
@@ -235,7 +236,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
     def partial_slot(worker):
       """This CTA's and warpgroup's stream-K workspace slot (and semaphore) of `worker`."""
       cta = lax.axis_index("cluster") if cfg.cluster_size > 1 else 0
-      return (worker * cfg.cluster_size + cta) * 2 + wg
+      return (worker * cfg.cluster_size + cta) * cfg.consumers + wg
 
     def producer():
       def load_unit(step0, tile_index, kb, ke):
@@ -423,7 +424,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
     def consumer():
       schedule.consume(compute_unit, for_each_unit, ring, p, wg)
 
-    pipeline.warp_specialized(producer, consumer)
+    pipeline.warp_specialized(producer, consumer, consumers=cfg.consumers)
 
   pl.run_scoped(
       scoped,
@@ -441,6 +442,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
               else []
           ),
           cluster=cfg.cluster_size > 1,
+          consumers=cfg.consumers,
       ),
       **tile_epilogue.scratch(
           cfg,
@@ -467,6 +469,8 @@ def _check_gated(
     raise ValueError("b_up and epilogue.gated go together (a gated GEMM needs both)")
   if not epilogue.gated:
     return
+  if config.consumers != 2:
+    raise ValueError(f"GemmConfig.consumers={config.consumers}: a gated GEMM runs 2 consumers")
   if b_up.shape != b.shape or b_up.dtype != b.dtype:
     raise ValueError(f"b_up {b_up.shape} {b_up.dtype} must match b {b.shape} {b.dtype}")
   extras = dict(
@@ -721,6 +725,8 @@ def _launch(
   if all_gather and reduce_scatter:
     raise ValueError("all_gather and reduce_scatter: one ring per kernel")
   ring_kind = "all_gather" if all_gather else "reduce_scatter" if reduce_scatter else None
+  if ring_kind and config.consumers != 2:
+    raise ValueError(f"GemmConfig.consumers={config.consumers}: {ring_kind} runs 2 consumers")
   ring = all_gather or reduce_scatter
   device_rings.check(
       ring_kind,
@@ -853,6 +859,7 @@ def _launch(
       out_type=out_type if len(out_type) > 1 else out_type[0],
       workers=plan.workers,
       cluster_size=config.cluster_size,
+      consumers=config.consumers,
       compiler_params=_compat.compiler_params(
           approx_math=_use_approx_math(problem, epilogue), **extra_params, **dict(experiment)
       ),

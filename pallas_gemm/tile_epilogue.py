@@ -78,35 +78,38 @@ def scratch(
 ):
   """The SMEM buffers and barriers of the epilogue (None where unused), by name: the
   keyword arguments of `build`, for `pl.run_scoped`. `vectors`: the vector operands
-  present (`operands.VECTORS`), each staged as `{name}_smem` (two tiles' worth, f32)
+  present (`operands.VECTORS`), each staged as `{name}_smem` (a warpgroup tile's worth per
+  consumer, f32)
   with its barrier `{name}_loaded`. `out_copy_transforms` / `residual_copy_transforms`:
   a second, TMA-side view of the output / residual slots (`smem.tile_buffer`), for
   arrays whose rows are not a multiple of 8."""
   em, en = config.epilogue_shape
   wm, wn = config.wg_tile
-  slots = config.epilogue_slots
+  slots, wgs = config.epilogue_slots, config.consumers
   staged = {}
   for name in operands.VECTORS:
     present = name in vectors
     extent = OPERANDS[name].kind.along(wm, wn)
-    staged[f"{name}_smem"] = plgpu.SMEM((2, extent), jnp.float32) if present else None
-    staged[f"{name}_loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=2) if present else None
+    staged[f"{name}_smem"] = plgpu.SMEM((wgs, extent), jnp.float32) if present else None
+    staged[f"{name}_loaded"] = plgpu.Barrier(num_arrivals=1, num_barriers=wgs) if present else None
   return dict(
       staged,
-      out_smem=smem.tile_buffer((2, slots, em, en), out_dtype, out_transforms, out_copy_transforms),
-      c_loaded=plgpu.Barrier(num_arrivals=1, num_barriers=2 * slots) if c else None,
+      out_smem=smem.tile_buffer(
+          (wgs, slots, em, en), out_dtype, out_transforms, out_copy_transforms
+      ),
+      c_loaded=plgpu.Barrier(num_arrivals=1, num_barriers=wgs * slots) if c else None,
       res_smem=None
       if residual_dtype is None
       else smem.tile_buffer(
-          (2, slots, residuals, em, en),
+          (wgs, slots, residuals, em, en),
           residual_dtype,
           residual_transforms,
           residual_copy_transforms,
       ),
       res_loaded=None
       if residual_dtype is None
-      else plgpu.Barrier(num_arrivals=residuals, num_barriers=2 * slots),
-      amax_smem=plgpu.SMEM((2, wm), jnp.float32) if amax else None,
+      else plgpu.Barrier(num_arrivals=residuals, num_barriers=wgs * slots),
+      amax_smem=plgpu.SMEM((wgs, wm), jnp.float32) if amax else None,
   )
 
 

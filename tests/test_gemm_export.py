@@ -190,6 +190,17 @@ def test_short_k_device_checks_lower(check):
   assert device_check.run_check(check, 0, export_only=True)["ok"]
 
 
+def _consumers3_checks():
+  return [c for c in device_check.checks() if "consumers3" in c.name]
+
+
+@pytest.mark.parametrize("check", _consumers3_checks(), ids=lambda c: c.name)
+def test_three_consumer_device_checks_lower(check):
+  """`GemmConfig.consumers=3`: the device matrix's cases (192x96 tiles, a 1x2 cluster,
+  the tail split, an epilogue with B stored (N, K), a split along N) lower."""
+  assert device_check.run_check(check, 0, export_only=True)["ok"]
+
+
 # -- rejected configurations: our ValueError, naming the field ----------------
 @pytest.mark.parametrize(
     "fields,field",
@@ -213,6 +224,10 @@ def test_short_k_device_checks_lower(check):
         (dict(num_sms=3, cluster=(2, 1)), "num_sms"),
         (dict(epilogue_tile=(32, 64)), "epilogue_tile"),
         (dict(epilogue_tile=(64, 96)), "epilogue_tile"),
+        (dict(consumers=4), "consumers"),
+        (dict(consumers=3, schedule="pingpong", tile_m=128, tile_n=128), "consumers"),
+        (dict(consumers=3, tile_m=128, tile_n=96), "tile_m"),  # 128 rows in three
+        (dict(consumers=3, tile_m=192, tile_n=128), "tile_n"),  # 64x128: registers of 3
     ],
 )
 def test_rejected_configs(fields, field):

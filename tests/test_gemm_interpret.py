@@ -499,3 +499,26 @@ def test_residual_chunks_prefetched_and_loaded_late(config, slope):
       gelu = lambda z: jax.nn.gelu(z, approximate=True)
       ref = acc * np.asarray(jax.vmap(jax.vmap(jax.grad(gelu)))(jnp.asarray(r)))
   _check(out, ref, "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "config, epilogue",
+    [
+        (GemmConfig(tile_m=192, tile_n=96, consumers=3, stages=3, epilogue_tile=(64, 32)), {}),
+        pytest.param(
+            GemmConfig(tile_m=192, tile_n=96, consumers=3, stages=3, epilogue_tile=None),
+            dict(bias=True, activation="gelu_tanh"),
+            marks=slow,
+        ),
+        pytest.param(
+            GemmConfig(tile_m=64, tile_n=192, consumers=3, wg_split="n", stages=4),
+            dict(c_shape=(400, 500), beta=1.0),
+            marks=slow,
+        ),
+    ],
+    ids=["192x96-m", "192x96-m-bias-gelu-whole", "64x192-n-c"],
+)
+def test_three_consumer_warpgroups(config, epilogue):
+  # 3 x 6 tiles of 192 x 96 (the last of each partial) over 2 SMs: each warpgroup holds
+  # a third of the tile (64 rows, or 64 columns split along N), three K steps a tile.
+  _run(400, 500, 136, config=config, **epilogue)
