@@ -241,6 +241,18 @@ def test_bad_input_names_the_argument():
         implementation="pallas",
         config=GemmConfig(wg_split="n"),
     )
+  with pytest.raises(ValueError, match="consumers=3: a gated GEMM runs 2 consumers"):
+    glu.gated_gemm(
+        jnp.ones((384, 64), jnp.bfloat16),
+        jnp.ones((64, 192), jnp.bfloat16),
+        jnp.ones((64, 192), jnp.bfloat16),
+        None,
+        None,
+        activation="silu",
+        out_dtype="bfloat16",
+        implementation="pallas",
+        config=GemmConfig(tile_m=192, tile_n=96, consumers=3, stages=3, epilogue_tile=(64, 32)),
+    )
 
 
 @pytest.mark.gpu
