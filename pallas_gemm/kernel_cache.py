@@ -175,11 +175,13 @@ def _lower(ctx, *args, jaxpr, key):
       op = mlir.ir.Operation.create(
           "stablehlo.custom_call",
           results=[mlir.ir.Type.parse(t) for t in stored["results"]],
-          operands=[flat[i] for i in stored["operands"]],
+          operands=[
+              flat[i] if isinstance(i, int) else _emit_constant(i) for i in stored["operands"]
+          ],
           attributes={k: mlir.ir.Attribute.parse(v) for k, v in stored["attributes"].items()},
       )
       _lowered[key] = stored
-      return list(op.results)
+      return [op.results[i] for i in stored["outs"]]
     except (ValueError, KeyError, TypeError, IndexError):
       pass  # unreadable: lower it
   outs = lower_kernel(ctx, args, jaxpr)
@@ -306,24 +308,76 @@ def _flat(values) -> list:
 
 def _single_custom_call(outs, operands) -> dict | None:
   """The result types and attributes (as text) of the one custom call that makes `outs`
-  from the entry's `operands` (each operand of the call one of them, in any order and
-  any number of times: a launcher may pass an argument again where an operand is
-  absent), with those operands as indices into `operands`; None when the lowering is
-  anything else."""
+  from the entry's `operands`, or None when the lowering is anything else. Each operand
+  of the call is one of `operands` (in any order and any number of times: a launcher may
+  pass an argument again where an operand is absent), stored as its index, or a constant
+  the lowering made (a splat, as the zeroed semaphores of a stream-K kernel: `_constant`).
+  The call may have results besides `outs` (a stream-K kernel's workspace, its
+  semaphores): "outs" lists which of its results `outs` are.
+
+  >>> _single_custom_call([], []) is None
+  True
+  """
   outs = _flat(outs)
   if not outs:
     return None
   op = getattr(outs[0].owner, "operation", outs[0].owner)
-  if getattr(op, "name", None) != "stablehlo.custom_call" or list(op.results) != outs:
+  if getattr(op, "name", None) != "stablehlo.custom_call":
     return None
-  arguments = list(operands)
-  if any(value not in arguments for value in op.operands):
+  results = list(op.results)
+  if any(value not in results for value in outs):
     return None
+  arguments, stored_operands = list(operands), []
+  for value in op.operands:
+    if value in arguments:
+      stored_operands.append(arguments.index(value))
+    elif (constant := _constant(value)) is not None:
+      stored_operands.append(constant)
+    else:
+      return None
   return {
-      "results": [str(v.type) for v in outs],
-      "operands": [arguments.index(value) for value in op.operands],
+      "results": [str(v.type) for v in results],
+      "outs": [results.index(value) for value in outs],
+      "operands": stored_operands,
       "attributes": {name: str(op.attributes[name]) for name in op.attributes},
   }
+
+
+def _constant(value) -> dict | None:
+  """A lowering's constant operand as text: a `stablehlo.constant`, or one broadcast by
+  `stablehlo.broadcast_in_dim` (each op: its result type and attributes); else None."""
+  chain = []
+  while True:
+    op = getattr(value.owner, "operation", value.owner)
+    name = getattr(op, "name", None)
+    if name not in ("stablehlo.constant", "stablehlo.broadcast_in_dim") or len(chain) > 1:
+      return None
+    chain.append(
+        {
+            "op": name,
+            "type": str(value.type),
+            "attributes": {a: str(op.attributes[a]) for a in op.attributes},
+        }
+    )
+    if name == "stablehlo.constant":
+      return {"constant": chain[::-1]}
+    if len(op.operands) != 1:
+      return None
+    value = op.operands[0]
+
+
+def _emit_constant(recipe: dict):
+  """The ir.Value of a `_constant` recipe, built at the current insertion point."""
+  value = None
+  for spec in recipe["constant"]:
+    op = mlir.ir.Operation.create(
+        spec["op"],
+        results=[mlir.ir.Type.parse(spec["type"])],
+        operands=[] if value is None else [value],
+        attributes={k: mlir.ir.Attribute.parse(v) for k, v in spec["attributes"].items()},
+    )
+    value = op.results[0]
+  return value
 
 
 def _write(path: pathlib.Path, content: dict) -> None:

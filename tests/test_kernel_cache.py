@@ -50,6 +50,10 @@ def _module():
   text = jax.export.export(jax.jit(jax.grad(_loss, argnums=(0, 1, 2))), platforms=["cuda"])(
       *ARGS
   ).mlir_module()
+  return _without_locations(text)
+
+
+def _without_locations(text):
   text = re.sub(r"loc\([^)]*\)", "", text)
   return "\n".join(
       line for line in text.splitlines() if line.strip() and not line.startswith("#loc")
@@ -71,6 +75,33 @@ def test_a_stored_lowering_is_emitted_without_lowering_the_kernel(cache_dir, mon
 
   monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
   assert _module() == first
+
+
+def _tail_split_loss(a, b):
+  config = pallas_gemm.GemmConfig(stream_k=True, split_tail=True)
+  y = pallas_gemm.matmul(a, b, config=config, implementation="pallas")
+  return y.astype(jnp.float32).sum()
+
+
+def test_a_stream_k_kernel_is_stored_with_its_zeroed_semaphores(cache_dir, monkeypatch):
+  # Its custom call takes a constant (the zeroed semaphores) and returns its f32 workspace
+  # and semaphores beside the output: stored too (stop 48: 4 of a GPT step's 15 kernels,
+  # lowered again in every process before).
+  args = (
+      jax.ShapeDtypeStruct((2304, 1600), jnp.bfloat16),
+      jax.ShapeDtypeStruct((1600, 2112), jnp.bfloat16),
+  )
+
+  def module():
+    jax.clear_caches()
+    kernel_cache.forget()
+    text = jax.export.export(jax.jit(_tail_split_loss), platforms=["cuda"])(*args).mlir_module()
+    return _without_locations(text)
+
+  first = module()
+  assert len(_stored(cache_dir)) == 1
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  assert module() == first
 
 
 def test_an_unreadable_entry_is_lowered_again_and_replaced(cache_dir, monkeypatch):
