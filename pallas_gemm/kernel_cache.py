@@ -311,7 +311,7 @@ def _single_custom_call(outs, operands) -> dict | None:
   from the entry's `operands`, or None when the lowering is anything else. Each operand
   of the call is one of `operands` (in any order and any number of times: a launcher may
   pass an argument again where an operand is absent), stored as its index, or a constant
-  the lowering made (a splat, as the zeroed semaphores of a stream-K kernel: `_constant`).
+  the lowering made (as the zeroed semaphores of a stream-K kernel: `_constant`).
   The call may have results besides `outs` (a stream-K kernel's workspace, its
   semaphores): "outs" lists which of its results `outs` are.
 
