@@ -16,8 +16,6 @@ whose default on the H200 has a tail split, then two of the training sweep.
 
 from __future__ import annotations
 
-import dataclasses
-
 from benchmarks import default_ab
 from benchmarks.default_ab import Case, default_plan
 from pallas_gemm import heuristics
@@ -45,8 +43,7 @@ CASES = (
 
 def whole_config(case: Case) -> GemmConfig:
   """The default's config with every tile whole (no stream-K)."""
-  config = heuristics.default_config(case.problem())
-  return dataclasses.replace(config, stream_k=False, split_tail=False)
+  return heuristics.default_config(case.problem()).whole_tiles()
 
 
 def main(argv=None) -> int:

@@ -380,8 +380,7 @@ def _kernel_path(
   )
   cfg = block_config(problem, config)
   if interpret:  # the interpreter has no GMEM semaphores for stream-K's fixup
-    default = dataclasses.replace(cfg, stream_k=False, split_tail=False) if config is None else cfg
-    cfg = gemm_lib.interpret_config(default, problem)
+    cfg = gemm_lib.interpret_config(cfg.whole_tiles() if config is None else cfg, problem)
   cfg.validate(problem)
   a, b = gemm_lib.tma_layout(a, b, problem, cfg, interpret)
   rows, cols = gemm_lib.out_extent(problem, cfg, interpret)

@@ -100,8 +100,8 @@ class Collective:
     )  # fmt: skip
     config = heuristics.default_config(problem, num_sms=sms)
     sms -= sms % config.cluster_size
-    whole = dataclasses.replace(config, num_sms=sms, stream_k=False, split_tail=False)
-    return dataclasses.replace(call, config=whole)  # tiles whole beside the collectives
+    whole = dataclasses.replace(config.whole_tiles(), num_sms=sms)  # beside the collectives
+    return dataclasses.replace(call, config=whole)
 
   def gather(self, x, call: GemmCall, w, bias=None):
     """(outputs of `call` on (all_gather(x), w, bias) as a tuple, all_gather(x)), rows

@@ -240,6 +240,15 @@ class GemmConfig:
   def cluster_size(self) -> int:
     return self.cluster[0] * self.cluster[1]
 
+  def whole_tiles(self) -> "GemmConfig":
+    """This config with every tile run whole (no stream-K, no tail split): for kernels
+    that cannot run stream-K's fixup (the interpreter, the collective rings).
+
+    >>> GemmConfig(stream_k=True, split_tail=True).whole_tiles().stream_k
+    False
+    """
+    return dataclasses.replace(self, stream_k=False, split_tail=False)
+
   def k_splits(self, problem: GemmProblem) -> tuple[int, int]:
     """(splits, k_iters): K slices the kernel runs and tile_k steps per slice.
 

@@ -546,7 +546,7 @@ def kernel_layout(name, x, problem, config, rows, cols):
 def interpret_config(config, problem):
   """A config the GPU interpreter can run: a small grid, clusters only where supported."""
   if config is None:  # no GMEM semaphores for stream-K's fixup in the interpreter
-    config = dataclasses.replace(default_config(problem), stream_k=False, split_tail=False)
+    config = default_config(problem).whole_tiles()
     if not _compat.INTERPRET_SUPPORTS_CLUSTERS:
       config = dataclasses.replace(config, cluster=(1, 1))
   elif config.cluster_size > 1 and not _compat.INTERPRET_SUPPORTS_CLUSTERS:
