@@ -17,8 +17,9 @@
 #   bash benchmarks/run_device.sh tail    # the tail split (NOTES exp. 125): stream-K device
 #                                         # checks, blockwise stream-K GPU tests, then
 #                                         # benchmarks.tail_split, fit and held-out (~10 min)
-#   bash benchmarks/run_device.sh consumers # three consumer warpgroups (NOTES exp. 129): their
-#                                         # device checks, then benchmarks.three_consumers (~5 min)
+#   bash benchmarks/run_device.sh consumers # three consumer warpgroups (NOTES exps. 129, 131):
+#                                         # their device checks, benchmarks.three_consumers, then
+#                                         # benchmarks.wave_tile, the default's one-wave rule (~5 min)
 #   bash benchmarks/run_device.sh short_k # K <= 128 (NOTES exp. 102): the whole-tile stores'
 #                                         # GPU tests, then benchmarks.short_k (~3 min)
 #   bash benchmarks/run_device.sh glu     # gated unit and gated MLP: GPU tests, then timing (~7 min)
@@ -172,7 +173,8 @@ case "${1:-}" in
   consumers)
     step consumers_checks 200 3 python -u -m benchmarks.device_check --only consumers3 \
       --skip-timing
-    step three_consumers 330 50 python -u -m benchmarks.three_consumers
+    step three_consumers 200 50 python -u -m benchmarks.three_consumers
+    step wave_tile 200 28 python -u -m benchmarks.wave_tile --rounds 6
     ;;
   short_k)
     step short_k_gpu_tests 200 4 python -u -m pytest -q -rf -m gpu tests/test_gemm_gpu.py -k short_k

@@ -6,8 +6,9 @@
 
 Contenders per shape, interleaved in rounds (odd rounds in reverse; CUPTI medians, cold
 L2 as the tuner times): `jnp.dot`, the default config, and each `VARIANTS` config; every
-kernel output is checked against XLA's (`CuptiTimer.verify`). Not yet in the default's
-grid: it enters when this table and the fit sweep say so (NOTES exp. 129).
+kernel output is checked against XLA's (`CuptiTimer.verify`). From this table (NOTES exp.
+131) one config entered the default's grid, for one-wave problems only:
+`heuristics.WAVE_TILE` (192x96, cluster 1x2; `benchmarks.wave_tile` holds it out).
 
 >>> [v.wg_tile for v in VARIANTS[:2]]
 [(64, 96), (64, 96)]

@@ -3,7 +3,8 @@
 `candidates(problem)` is the grid: CTA tiles from 64x128 to 256x128 (over N <= 32
 the 128x64 tile narrowed to N, `narrow_tile_n`), with and without a 2x1 cluster, each
 with the deepest ring that fits and, where the `split_k` model finds a gain, a split-K
-variant. `estimate(problem, config)`
+variant; where 192x96 tiles fill one wave, `WAVE_TILE` (three consumer warpgroups).
+`estimate(problem, config)`
 predicts a config's time; `default_config` returns the fastest prediction.
 
 The model (seconds):
@@ -64,6 +65,16 @@ TILES = ((64, 128), (64, 256), (128, 64), (128, 128), (128, 192), (128, 256), (2
 its full-wave step time predicts decode badly (1x14336x4096 ran at 0.66x in two waves of
 64x64 tiles, against 0.91x in one wave of 64x128), and 128x64 serves skinny N."""
 
+WAVE_TILE = GemmConfig(tile_m=192, tile_n=96, consumers=3, cluster=(1, 2), epilogue_tile=(64, 32))
+"""The candidate for a problem whose 192x96 tiles fill one wave (128 of them at
+1536x1536: 97% of 132 SMs, where 128x192 leaves 96 tiles and 128x128 takes 144):
+three consumer warpgroups of 64x96 each and A multicast along the 1x2 cluster, as
+cuBLAS runs 1536^3. Single wave only: there it ran 0.92-1.0x XLA against the default's
+0.88-0.92x, but in 2-29 waves 0.74-0.90x (its K step feeds three narrow WGMMAs). And M
+a multiple of 192: on 14 one-wave shapes it beat the two-consumer pick on all 9 whose M
+was (1.05-1.17x) and lost on all 5 whose M was not (0.92-0.98x; not yet explained; NOTES
+exp. 131). 16-bit operands, A stored (M, K) (warpgroups split M)."""
+
 MAX_STAGES = 8
 """Deepest ring tried (narrow tiles fit that many 64-deep stages)."""
 
@@ -82,11 +93,13 @@ STEP_S = {
     (128, 256, 2): 674e-9,
     (256, 128, 1): 683e-9,
     (256, 128, 2): 693e-9,
+    (192, 96, 1): 440e-9,
 }
 """Seconds per K step of a (tile_m, tile_n, cluster rows) CTA in a full wave: the
 median over the eight large projections of the fit sweep on the H100 and the H200
 (`fit_steps`). Narrow tiles sit on a floor of ~260-370 ns per step (the feed, not
-the tensor cores); 128x256 runs at 820 TFLOP/s equivalent."""
+the tensor cores); 128x256 runs at 820 TFLOP/s equivalent. (192, 96, 1) is `WAVE_TILE`,
+measured apart (one wave of it at 1536x1536x4096 on the H200, NOTES exp. 131)."""
 
 LAUNCH_S = 1.5e-6
 """Fixed cost of one launch (`fit`)."""
@@ -236,11 +249,15 @@ def _step_key(config: GemmConfig) -> tuple[int, int, int]:
 
 
 def candidates(
-    problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS, hbm_scale: float = 1.0
+    problem: GemmProblem,
+    num_sms: int = DEFAULT_NUM_SMS,
+    hbm_scale: float = 1.0,
+    wave_tile: bool = True,
 ) -> list[GemmConfig]:
   """The valid configs of the grid for `problem`: tiles that do not overhang it by
   half a tile or more (a smaller tile does the same work), a 2x1 cluster only with
-  >= 2 tile rows; over N <= 32 columns the 64-wide tile narrowed (`narrow_tile_n`).
+  >= 2 tile rows; over N <= 32 columns the 64-wide tile narrowed (`narrow_tile_n`);
+  `WAVE_TILE` where it fills one wave (unless `wave_tile=False`, the grid before it).
 
   >>> sorted({(c.tile_m, c.tile_n) for c in candidates(GemmProblem(m=65536, n=64, k=1024))})
   [(128, 64)]
@@ -287,18 +304,45 @@ def candidates(
         except ValueError:
           continue
         configs.append(option)
+  if wave_tile:
+    configs += _wave_tile(problem, num_sms)
   return list(dict.fromkeys(configs))
+
+
+def _wave_tile(problem: GemmProblem, num_sms: int) -> list[GemmConfig]:
+  """[`WAVE_TILE` with the deepest ring that fits] where its tiles fill at most one wave of
+  `num_sms` and it is valid for `problem`, else [].
+
+  >>> [c.consumers for c in _wave_tile(GemmProblem(m=1536, n=1536, k=1536), 132)]
+  [3]
+  >>> _wave_tile(GemmProblem(m=2560, n=2560, k=2560), 132)   # 392 tiles: three waves
+  []
+  """
+  sixteen_bit = problem.dtype in ("bfloat16", "float16") and problem.dtype_b == problem.dtype
+  if problem.transpose_a or problem.block_scaled or not sixteen_bit:
+    return []
+  if problem.m % WAVE_TILE.tile_m or problem.n < WAVE_TILE.tile_n:
+    return []  # rows in whole tiles: with a partial last row of tiles it lost (exp. 131)
+  config = fit_stages(WAVE_TILE, problem, MAX_STAGES)
+  if _work(problem, config, num_sms)[3] > num_sms:
+    return []
+  try:
+    config.validate(problem)
+  except ValueError:
+    return []
+  return [config]
 
 
 def _work(problem: GemmProblem, config: GemmConfig, num_sms: int):
   """(waves, K steps per unit, K slices, work units) of `config` on `problem`."""
-  cm = config.cluster[0]
+  cm, cn = config.cluster
   steps = tiles(problem.k, config.tile_k)
   k_iters = tiles(steps, config.split_k)
   splits = tiles(steps, k_iters)
   m_tiles = tiles(tiles(problem.m, config.tile_m), cm) * cm
-  units = problem.batch * m_tiles * tiles(problem.n, config.tile_n) * splits
-  return tiles(units, num_sms - num_sms % cm), k_iters, splits, units
+  n_tiles = tiles(tiles(problem.n, config.tile_n), cn) * cn
+  units = problem.batch * m_tiles * n_tiles * splits
+  return tiles(units, num_sms - num_sms % (cm * cn)), k_iters, splits, units
 
 
 def estimate(
@@ -382,15 +426,22 @@ def split_tail(problem: GemmProblem, config: GemmConfig, num_sms: int) -> GemmCo
   return dataclasses.replace(config, stream_k=True, split_tail=True)
 
 
-def pick(problem: GemmProblem, num_sms: int, hbm_scale: float, params: Params) -> GemmConfig:
+def pick(
+    problem: GemmProblem,
+    num_sms: int,
+    hbm_scale: float,
+    params: Params,
+    wave_tile: bool = True,
+) -> GemmConfig:
   """The candidate the model with `params` (H100 values; scaled to the board here)
-  predicts fastest: `default_config` with other parameters, to compare model variants.
+  predicts fastest: `default_config` with other parameters, to compare model variants
+  (`wave_tile=False`: among the candidates without `WAVE_TILE`).
 
   >>> p = GemmProblem(m=8192, n=8192, k=8192)
   >>> pick(p, 132, 1.0, Params()) == default_config(p, 132, 1.0)
   True
   """
-  options = candidates(problem, num_sms, hbm_scale)
+  options = candidates(problem, num_sms, hbm_scale, wave_tile)
   params = params.for_board(hbm_scale)
   if not options:  # nothing of the grid is valid: the plain default, whose validation says why
     return fit_stages(
@@ -421,7 +472,8 @@ def _preference(config: GemmConfig):
 # -- fitting -------------------------------------------------------------------
 def fit_steps(calibrations, large: int = 8) -> dict:
   """`STEP_S` from calibration files: per tile, the median over the first `large`
-  shapes of each file (large projections, full waves) of time / (waves * K steps)."""
+  shapes of each file (large projections, full waves) of time / (waves * K steps);
+  a tile without samples there (`WAVE_TILE`) keeps its shipped entry."""
   samples = {}
   for calibration in calibrations:
     for shape in calibration["shapes"][:large]:
@@ -433,7 +485,8 @@ def fit_steps(calibrations, large: int = 8) -> dict:
         waves, k_iters, _, _ = _work(problem, config, DEFAULT_NUM_SMS)
         key = (config.tile_m, config.tile_n, config.cluster[0])
         samples.setdefault(key, []).append(row["ms"] * 1e-3 / (waves * k_iters))
-  return {key: round(statistics.median(v), 9) for key, v in sorted(samples.items())}
+  fitted = {key: round(statistics.median(v), 9) for key, v in sorted(samples.items())}
+  return {**{k: v for k, v in STEP_S.items() if k not in fitted}, **fitted}
 
 
 def _board_scale(calibration: dict) -> float:

@@ -144,3 +144,26 @@ def test_fit_stages_gives_a_ring_the_schedule_takes(schedule, tile, max_stages, 
   deeper = dataclasses.replace(config, stages=config.stages + (2 if schedule == "pingpong" else 1))
   if config.stages < max_stages - (schedule == "pingpong"):
     assert deeper.smem_bytes(problem) > SMEM_LIMIT_BYTES or config.epilogue_tile == (64, 32)
+
+
+@pytest.mark.parametrize(
+    "problem, three",
+    [
+        (GemmProblem(m=1536, n=1536, k=1536), True),  # 128 tiles of 192x96: one wave
+        (GemmProblem(m=1536, n=1536, k=1536, transpose_b=True), True),
+        (GemmProblem(m=1152, n=1920, k=768, has_bias=True), True),
+        (GemmProblem(m=1600, n=1344, k=1024), False),  # M not in whole 192-row tiles
+        (GemmProblem(m=2304, n=2304, k=2304), False),  # 192 tiles: two waves
+        (GemmProblem(m=1536, n=1536, k=1536, transpose_a=True), False),  # A stored (K, M)
+        (GemmProblem(m=1536, n=1536, k=1536, dtype="float8_e4m3fn", transpose_b=True), False),
+        (GemmProblem(m=8192, n=8192, k=8192), False),
+    ],
+)
+def test_wave_tile_only_where_whole_row_tiles_fill_one_wave(problem, three):
+  # NOTES exp. 131: three consumers on 192x96 tiles won 1.03-1.18x over the two-consumer
+  # pick on one-wave problems with M a multiple of 192, lost elsewhere.
+  config = heuristics.default_config(problem, num_sms=132, hbm_scale=1.0)
+  assert (config.consumers == 3) == three
+  if three:
+    assert (config.tile_m, config.tile_n, config.cluster) == (192, 96, (1, 2))
+    config.validate(problem)
