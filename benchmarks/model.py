@@ -20,7 +20,9 @@ and `pallas_gemm.flax.Linear` with fused epilogues, and reports for each:
             on the same batches, and its largest difference from XLA's.
   kernels   the kernels of steps traced back to back (jax's profiler), per
             step, grouped: GEMM, attention, elementwise/normalization, other;
-            and the GPU's idle time between kernels.
+            the GPU's idle time between kernels; and the `--sources` costliest
+            kernels that are not GEMMs or attention, each with the jax op and
+            the Python lines it came from (`benchmarks.fusion_sources`).
   inference prefill (a training batch, forward only) and decode-like forwards
             with 1..64 tokens per call, medians interleaved; with `--quantized`,
             also the trained "xla" model with int4 (group 128) or int8 (per
@@ -36,6 +38,7 @@ JSON goes to `--json`, the table is printed last.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import json
@@ -428,10 +431,11 @@ class Run:
           f"{watts * ms / 1e3:.1f} J/step"
       )
 
-  def breakdown(self, chain: int):
+  def breakdown(self, chain: int, sources: int = 0):
     """`chain` steps per variant traced back to back (jax's profiler, CUPTI underneath):
-    the kernels of one step grouped by kind, and the GPU's idle time between them."""
-    from benchmarks import timeline
+    the kernels of one step grouped by kind, the GPU's idle time between them, and the
+    `sources` costliest other kernels traced to their source lines."""
+    from benchmarks import fusion_sources, timeline
 
     tokens, labels = self.batches[0]
     for variant in self.variants:
@@ -449,6 +453,20 @@ class Run:
           span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain,
       )
       self.rows[variant].update(kernels=kernels, timeline=report)
+      if sources:
+        per_step = collections.Counter()
+        for e in events:
+          per_step[e.name] += (e.end_ns - e.start_ns) / 1e3 / chain
+        labelled = fusion_sources.attribute(
+            per_step.items(), self.steps[variant].as_text(), top=sources
+        )
+        self.rows[variant]["sources"] = [
+            dict(kernel=name, us=us, shape=src and src.shape, source=src and src.describe())
+            for name, us, src in labelled
+        ]
+        for name, us, src in labelled:
+          where = f"{src.shape[:48]:48s} {src.describe()}" if src else "?"
+          self.log(f"      {us:8.1f} us  {name[:32]:32s} {where}")
       self.log(
           f"  {variant:9s} {chain} steps traced, per step: span "
           f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
@@ -605,7 +623,7 @@ def _run_model(spec, variants, args, log, cache_dir) -> dict:
   run.losses()
   run.time_steps(args.rounds, args.iters, args.chain)
   if _on_gpu():
-    run.breakdown(args.chain)
+    run.breakdown(args.chain, args.sources)
     if args.power:
       run.power(args.power, args.rounds, args.chain)
   run.inference(
@@ -669,6 +687,13 @@ def parse_args(argv=None):
       default=0,
       help="seconds of back-to-back steps per variant and round while nvidia-smi "
       "samples clock and power (GPU only; 0: skip)",
+  )
+  p.add_argument(
+      "--sources",
+      type=int,
+      default=10,
+      help="per variant, this many of the costliest kernels that are not GEMMs or attention, "
+      "with the jax op and source lines they came from (GPU only; 0: skip)",
   )
   p.add_argument("--decode", default="1,16,64", help="tokens per decode-like forward")
   p.add_argument(
