@@ -72,8 +72,10 @@ three consumer warpgroups of 64x96 each and A multicast along the 1x2 cluster, a
 cuBLAS runs 1536^3. Single wave only: there it ran 0.92-1.0x XLA against the default's
 0.88-0.92x, but in 2-29 waves 0.74-0.90x (its K step feeds three narrow WGMMAs). And M
 a multiple of 192: on 14 one-wave shapes it beat the two-consumer pick on all 9 whose M
-was (1.05-1.17x) and lost on all 5 whose M was not (0.92-0.98x; not yet explained; NOTES
-exp. 131). 16-bit operands, A stored (M, K) (warpgroups split M)."""
+was (1.05-1.17x) and lost on all 5 whose M was not (0.92-0.98x: its time grows with the
+last tile's rows out of bounds, ~65 ns a row at K 4096, which two consumers do not pay;
+cause not isolated). Held out on 11 more: 1.03-1.18x (NOTES exp. 131). 16-bit operands,
+A stored (M, K) (warpgroups split M)."""
 
 MAX_STAGES = 8
 """Deepest ring tried (narrow tiles fit that many 64-deep stages)."""
