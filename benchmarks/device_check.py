@@ -141,6 +141,20 @@ def checks() -> list[Check]:
           (1000, 520),
           dict(transpose_b=True, bias=True, activation="gelu_tanh", config=c3),
       ),
+      Check(  # the default's pick (`heuristics.WAVE_TILE`): one wave of 8 x 16 tiles
+          "NN consumers3 default rowbias+bias+gelu+residual 1536x1500x1000",
+          (1536, 1000),
+          (1000, 1500),
+          dict(bias=True, row_bias=True, residual="bfloat16", activation="gelu_tanh"),
+      ),
+      Check(  # the default's pick again: 6 x 22 tiles, f16, f32 output, beta * c
+          "NT consumers3 default f16 f32-out c+residual 1152x2000x700",
+          (1152, 700),
+          (2000, 700),
+          dict(transpose_b=True, out_dtype="float32", beta=0.5, residual="float16"),
+          dtype="float16",
+          c_shape=(1152, 2000),
+      ),
       Check(
           "NN consumers3 split-n 64x192 500x1000x700",
           (500, 700),

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import device_check
-from pallas_gemm import GemmConfig, GemmProblem, _compat, matmul
+from pallas_gemm import GemmConfig, GemmProblem, _compat, heuristics, matmul
 
 pytestmark = pytest.mark.export
 
@@ -199,6 +199,34 @@ def test_three_consumer_device_checks_lower(check):
   """`GemmConfig.consumers=3`: the device matrix's cases (192x96 tiles, a 1x2 cluster,
   the tail split, an epilogue with B stored (N, K), a split along N) lower."""
   assert device_check.run_check(check, 0, export_only=True)["ok"]
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        GemmProblem(
+            m=1536, n=1500, k=1000, has_bias=True, has_row_bias=True, residual_dtype="bfloat16"
+        ),
+        GemmProblem(
+            m=1152,
+            n=2000,
+            k=700,
+            dtype="float16",
+            out_dtype="float32",
+            transpose_b=True,
+            has_c=True,
+            residual_dtype="float16",
+        ),
+    ],
+    ids=["bias-rowbias-residual", "f16-f32out-c-residual"],
+)
+def test_the_default_device_checks_run_three_consumers(problem):
+  """The "consumers3 default" device checks pass no config: the default must take
+  `heuristics.WAVE_TILE` there, with its epilogue operands, on a 132-SM board."""
+  config = heuristics.default_config(problem, num_sms=132, hbm_scale=1.0)
+  assert (config.consumers, config.tile_m, config.tile_n) == (3, 192, 96)
+  names = [c.name for c in _consumers3_checks() if "default" in c.name]
+  assert any(f"{problem.m}x{problem.n}x{problem.k}" in name for name in names), names
 
 
 # -- rejected configurations: our ValueError, naming the field ----------------
