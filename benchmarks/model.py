@@ -453,6 +453,14 @@ class Run:
           span_ms_per_step=(events[-1].end_ns - events[0].start_ns) / 1e6 / chain,
       )
       self.rows[variant].update(kernels=kernels, timeline=report)
+      self.log(
+          f"  {variant:9s} {chain} steps traced, per step: span "
+          f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
+          f"GPU idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
+          + ", ".join(
+              f"{k} {v['us'] / 1e3 / chain:.2f} ms" for k, v in report["gaps_before"].items()
+          )
+      )
       if sources:
         per_step = collections.Counter()
         for e in events:
@@ -467,14 +475,6 @@ class Run:
         for name, us, src in labelled:
           where = f"{src.shape[:48]:48s} {src.describe()}" if src else "?"
           self.log(f"      {us:8.1f} us  {name[:32]:32s} {where}")
-      self.log(
-          f"  {variant:9s} {chain} steps traced, per step: span "
-          f"{report['span_ms_per_step']:.2f} ms, kernels {kernels['total_us'] / 1e3:.2f} ms, "
-          f"GPU idle {report['idle_us'] / 1e3 / chain:.2f} ms; idle before "
-          + ", ".join(
-              f"{k} {v['us'] / 1e3 / chain:.2f} ms" for k, v in report["gaps_before"].items()
-          )
-      )
 
   def quantized(self, params, bits: int):
     """(forward, params, rest) of the "xla" model with `params` and its weights
