@@ -40,6 +40,7 @@ import types
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 
@@ -72,12 +73,104 @@ def launch(
   kwargs = kwargs or {}
   flat, tree = jax.tree.flatten((args, kwargs))
   avals = [jax.typeof(x) for x in flat]
-  closed, out_shape = jax.make_jaxpr(_flat_fn(fn, static, tree), return_shape=True)(*flat)
   key = entry_key(fn, static, tree, avals) if storable else None
+  deferred = _deferred(key, fn, static, tree, avals)
+  if deferred is not None:  # lowered before: its outputs are known, its body untraced
+    outs = kernel_p.bind(*flat, jaxpr=deferred, key=key)
+    return _rebuild(deferred.out_tree, outs)
+  closed, out_shape = jax.make_jaxpr(_flat_fn(fn, static, tree), return_shape=True)(*flat)
+  if key is not None:
+    _signatures[key] = _signature(closed, out_shape)
   if lower_ahead and key is not None:
     _lower_ahead(key, fn, static, tree, avals, closed)
   outs = kernel_p.bind(*flat, jaxpr=closed, key=key)
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+
+class Deferred:
+  """A stored kernel's stand-in for its jaxpr: the output types the store recorded, and
+  the body traced only if something asks for it (running it eagerly, vmap, lowering it
+  again for another platform). A warm start then neither traces nor lowers the kernel.
+  Equal (and hashed) by the entry key, which fixes the body."""
+
+  def __init__(self, key, fn, static, tree, avals, out_avals, out_tree):
+    self.key, self.out_avals, self.out_tree = key, out_avals, out_tree
+    self._trace = lambda: jax.make_jaxpr(_flat_fn(fn, static, tree))(*avals)
+    self._closed = None
+
+  @property
+  def effects(self):
+    return set()  # only kernels without effects are deferred (`_signature`)
+
+  @property
+  def closed(self):
+    if self._closed is None:
+      self._closed = self._trace()
+    return self._closed
+
+  def __eq__(self, other):
+    return isinstance(other, Deferred) and other.key == self.key
+
+  def __hash__(self):
+    return hash(self.key)
+
+  def __repr__(self):
+    return f"Deferred({self.key[:12]})"
+
+
+def _closed(jaxpr):
+  """The ClosedJaxpr of a kernel_p `jaxpr` parameter (traced now if deferred)."""
+  return jaxpr.closed if isinstance(jaxpr, Deferred) else jaxpr
+
+
+def _signature(closed, out_shape) -> dict | None:
+  """What a warm start needs to skip tracing a kernel: its output types and their
+  pytree ("leaf", or a tuple/list of leaves), if it has no effects; else None."""
+  if closed.effects:
+    return None
+  leaves, structure = jax.tree.flatten(out_shape)
+  if structure == jax.tree.structure(0):
+    form = "leaf"
+  elif structure == jax.tree.structure(tuple(leaves)):
+    form = "tuple"
+  elif structure == jax.tree.structure(list(leaves)):
+    form = "list"
+  else:
+    return None
+  avals = [[list(a.shape), str(a.dtype), bool(a.weak_type)] for a in closed.out_avals]
+  return {"out_tree": form, "out_avals": avals}
+
+
+def _rebuild(form: str, outs):
+  return outs[0] if form == "leaf" else (tuple(outs) if form == "tuple" else list(outs))
+
+
+def _deferred(key, fn, static, tree, avals) -> Deferred | None:
+  """A `Deferred` for a kernel whose entry (this process's, or the store's) records its
+  outputs, or None."""
+  if key is None:
+    return None
+  entry = _lowered.get(key) or _read(key)
+  if (
+      not entry
+      or "out_avals" not in entry
+      or entry.get("out_tree")
+      not in (
+          "leaf",
+          "tuple",
+          "list",
+      )
+  ):
+    return None
+  try:
+    out_avals = [
+        jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype), weak_type=weak)
+        for shape, dtype, weak in entry["out_avals"]
+    ]
+  except (TypeError, ValueError):
+    return None
+  _lowered[key] = entry
+  return Deferred(key, fn, static, tree, avals, out_avals, entry["out_tree"])
 
 
 def _flat_fn(fn, static, tree):
@@ -145,13 +238,13 @@ def _abstract_eval(*avals, jaxpr, key):
 @kernel_p.def_impl
 def _impl(*args, jaxpr, key):
   del key
-  return jex_core.jaxpr_as_fun(jaxpr)(*args)
+  return jex_core.jaxpr_as_fun(_closed(jaxpr))(*args)
 
 
 def _batch(args, dims, *, jaxpr, key):
   del key
   in_axes = list(dims)  # None: not batched
-  outs = jax.vmap(jex_core.jaxpr_as_fun(jaxpr), in_axes=in_axes)(*args)
+  outs = jax.vmap(jex_core.jaxpr_as_fun(_closed(jaxpr)), in_axes=in_axes)(*args)
   return outs, [0] * len(outs)
 
 
@@ -160,7 +253,7 @@ batching.primitive_batchers[kernel_p] = _batch
 
 def lower_kernel(ctx, args, jaxpr):
   """The kernel's own lowering (Pallas's), inlined where it is called."""
-  return mlir.lower_fun(jex_core.jaxpr_as_fun(jaxpr), multiple_results=True)(ctx, *args)
+  return mlir.lower_fun(jex_core.jaxpr_as_fun(_closed(jaxpr)), multiple_results=True)(ctx, *args)
 
 
 def _lower(ctx, *args, jaxpr, key):
@@ -188,11 +281,13 @@ def _lower(ctx, *args, jaxpr, key):
   stored = _single_custom_call(outs, _flat(args))
   if stored is not None:
     _store(key, stored)
-    _compile_ahead(key, jaxpr, ctx.avals_in)
+    _compile_ahead(key, _closed(jaxpr), ctx.avals_in)
   return outs
 
 
 def _store(key: str, stored: dict) -> None:
+  if _signatures.get(key) and "out_avals" not in stored:
+    stored = {**stored, **_signatures[key]}
   _lowered[key] = stored
   if (directory := store_dir()) is not None:
     _write(directory / f"{key}.json", stored)
@@ -205,12 +300,17 @@ again in the next one without a store dir."""
 _pending: dict[str, concurrent.futures.Future] = {}
 """Lowerings handed to `lowering_pool`, by entry key."""
 
+_signatures: dict[str, dict] = {}
+"""Output types and pytree form of the kernels traced in this process, by entry key:
+stored beside their lowerings (`_signature`), so a later launch need not trace them."""
+
 
 def forget() -> None:
   """Forgets this process's lowerings, as a fresh process would not have them (the
   store on disk stays). For tests and benchmarks."""
   _lowered.clear()
   _pending.clear()
+  _signatures.clear()
   compile_ahead.forget()
 
 

@@ -3,10 +3,12 @@
 persistent cache on emits the stored custom calls without lowering a kernel, and the
 module is the same."""
 
+import json
 import re
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jex_core
 import pytest
 
 import pallas_gemm
@@ -81,6 +83,43 @@ def _tail_split_loss(a, b):
   config = pallas_gemm.GemmConfig(stream_k=True, split_tail=True)
   y = pallas_gemm.matmul(a, b, config=config, implementation="pallas")
   return y.astype(jnp.float32).sum()
+
+
+def _no_trace(*_):
+  raise AssertionError("a stored kernel's body was traced again")
+
+
+def test_a_warm_start_neither_traces_nor_lowers_a_stored_kernel(cache_dir, monkeypatch):
+  first = _module()
+  assert all("out_avals" in json.loads(path.read_text()) for path in _stored(cache_dir))
+
+  monkeypatch.setattr(kernel_cache, "lower_kernel", _no_lowering)
+  monkeypatch.setattr(kernel_cache, "_flat_fn", _no_trace)
+  assert _module() == first
+
+
+def test_a_deferred_kernel_traces_its_body_when_asked(cache_dir):
+  _module()
+  kernel_cache.forget()  # a fresh process: the store on disk is all it has
+  jax.clear_caches()
+  jaxpr = jax.make_jaxpr(jax.grad(_loss, argnums=(0, 1, 2)))(*ARGS)
+  params = [
+      eqn.params["jaxpr"]
+      for inner in _sub_jaxprs(jaxpr.jaxpr)
+      for eqn in inner.eqns
+      if eqn.primitive is kernel_cache.kernel_p
+  ]
+  deferred = [p for p in params if isinstance(p, kernel_cache.Deferred)]
+  assert len({d.key for d in deferred}) == len(_stored(cache_dir))  # every stored kernel
+  for d in deferred:
+    assert d.closed.out_avals == d.out_avals  # traced now, and it agrees with the store
+
+
+def _sub_jaxprs(jaxpr):
+  yield jaxpr
+  for eqn in jaxpr.eqns:
+    for sub in jex_core.jaxprs_in_params(eqn.params):
+      yield from _sub_jaxprs(sub)
 
 
 def test_a_stream_k_kernel_is_stored_with_its_zeroed_semaphores(cache_dir, monkeypatch):
