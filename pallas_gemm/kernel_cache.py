@@ -9,7 +9,9 @@ start (NOTES exp. 46). Where jax's persistent cache is on
 the Mosaic GPU custom call with its serialized module, under
 `<cache dir>/pallas_gemm_kernels/`, and the next process emits that custom
 call instead of lowering the kernel again. The program, and so jax's cache
-key, is the same either way.
+key, is the same either way. The entry also records the kernel's output types,
+so that process does not trace the kernel's body either: the primitive carries a
+`Deferred` stand-in, traced only if something asks for the body (NOTES exp. 133).
 
 `launch(fn, static, args)` calls `fn(*args, **static)` through a primitive
 whose CUDA lowering consults the store. The entry's name is a hash of what
