@@ -143,8 +143,12 @@ def _signature(closed, out_shape) -> dict | None:
   return {"out_tree": form, "out_avals": avals}
 
 
+_OUT_FORMS = {"leaf": lambda outs: outs[0], "tuple": tuple, "list": list}
+"""How a deferred kernel's flat outputs are put back in its pytree, by `_signature`'s form."""
+
+
 def _rebuild(form: str, outs):
-  return outs[0] if form == "leaf" else (tuple(outs) if form == "tuple" else list(outs))
+  return _OUT_FORMS[form](outs)
 
 
 def _deferred(key, fn, static, tree, avals) -> Deferred | None:
@@ -153,16 +157,7 @@ def _deferred(key, fn, static, tree, avals) -> Deferred | None:
   if key is None:
     return None
   entry = _lowered.get(key) or _read(key)
-  if (
-      not entry
-      or "out_avals" not in entry
-      or entry.get("out_tree")
-      not in (
-          "leaf",
-          "tuple",
-          "list",
-      )
-  ):
+  if not entry or "out_avals" not in entry or entry.get("out_tree") not in _OUT_FORMS:
     return None
   try:
     out_avals = [
