@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_gemm import autodiff
+from pallas_gemm import lowering_pool
 from pallas_gemm.config import INPUT_DTYPES, OUTPUT_DTYPES
 
 _ALGORITHMS = {
@@ -83,6 +84,7 @@ def make_dot_general(*, implementation: str | None = None):
   >>> f(x, w, (((1,), (0,)), ((), ()))).shape
   (4, 2)
   """
+  lowering_pool.start(implementation)  # a model's layers take this when they are built
 
   def dot_general(
       lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None

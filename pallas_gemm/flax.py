@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from pallas_gemm import autodiff
 from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import fp8
+from pallas_gemm import lowering_pool
 from pallas_gemm import weight_only
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
@@ -86,6 +87,7 @@ class Linear(nnx.Linear):
     super().__init__(in_features, out_features, **kwargs)
     self.activation = activation
     self.implementation = implementation
+    lowering_pool.start(implementation)  # workers ready when the model is traced
 
   def __call__(self, inputs, out_sharding=None, *, residual=None, scalar=None):
     """`act(inputs @ kernel + bias) + residual`; `residual` (inputs' leading dims,
@@ -324,6 +326,7 @@ class BlockwiseFp8Linear(nnx.Linear):
     super().__init__(in_features, out_features, **kwargs)
     self.fp8_dtype = jnp.dtype(fp8_dtype).name
     self.implementation = implementation
+    lowering_pool.start(implementation)
 
   def __call__(self, inputs, out_sharding=None):
     bias = self.bias[...] if self.bias is not None else None
@@ -379,6 +382,7 @@ class QuantizedLinear(nnx.Module):
     self.fragments = qw.fragments
     self.dtype = jnp.dtype(dtype)
     self.implementation = implementation
+    lowering_pool.start(implementation)
 
   @classmethod
   def from_linear(cls, linear: nnx.Linear, **kwargs) -> "QuantizedLinear":
@@ -579,6 +583,7 @@ class Fp8Linear(nnx.Module):
     self.backward = backward
     self.implementation = implementation
     self.use_running_average = use_running_average
+    lowering_pool.start(implementation)
 
   def __call__(self, inputs):
     x = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype)

@@ -15,6 +15,8 @@ fails, a worker that dies and a result that does not come back within
 `TIMEOUT_S` all give None, and the caller lowers in-process as before. A job
 no worker has started yet can be taken back (`Future.cancel()`): the caller
 never waits for a worker that is still starting or busy with other kernels.
+The library's Flax layers and `make_dot_general` start the pool when a model is built
+(`start`).
 
 How many workers: `PALLAS_GEMM_LOWERING_WORKERS` (0 turns the pool off); by
 default half the CPUs this process may run on, shared among jax's processes, at
@@ -220,6 +222,24 @@ def reset(workers: int | None = None) -> None:
     _pool, _pool_size = None, workers
     if workers:
       _pool = Pool(workers)
+
+
+def start(implementation: str | None = None) -> bool:
+  """Starts the shared pool now, for a layer built with `implementation` (None, "auto" or
+  "pallas": one that may run kernels), so that its workers have imported jax by the time
+  the model's first program is traced; whether a pool runs. A pool started at the first
+  kernel's trace instead is still importing when jax lowers the first kernels, which
+  the caller then lowers itself (NOTES exps. 134-135). Called by the Flax layers'
+  constructors and `make_dot_general` (a model's build needs the devices anyway), never
+  at import: the backend must not start before the user configures it
+  (`jax.distributed.initialize`).
+
+  >>> start("xla")
+  False
+  """
+  if implementation not in (None, "auto", "pallas"):
+    return False
+  return shared_pool() is not None
 
 
 def run(fn: Callable[..., Any], args: tuple) -> concurrent.futures.Future | None:

@@ -167,3 +167,23 @@ def test_what_workers_lowered_is_stored_for_the_next_process(pool, tmp_path, mon
     jax.config.update("jax_compilation_cache_dir", None)
   assert not in_process
   assert warm == cold
+
+
+@pytest.mark.parametrize(
+    "implementation, started", [("pallas", True), (None, True), ("xla", False)]
+)
+def test_building_a_layer_starts_the_pool_before_any_trace(monkeypatch, implementation, started):
+  # NOTES exp. 134: workers started at the first kernel's trace were still importing jax
+  # when the first kernels were lowered; a model's layers start them when built.
+  from flax import nnx
+
+  monkeypatch.setenv(lowering_pool.ENV_WORKERS, "1")
+  lowering_pool.reset(None)  # the next use decides from the environment
+  try:
+    pallas_gemm.flax.Linear(8, 8, implementation=implementation, rngs=nnx.Rngs(0))
+    assert (lowering_pool._pool is not None) == started
+    lowering_pool.reset(None)
+    pallas_gemm.make_dot_general(implementation=implementation)  # the injected layers' way
+    assert (lowering_pool._pool is not None) == started
+  finally:
+    lowering_pool.reset(0)
