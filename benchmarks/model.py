@@ -122,10 +122,7 @@ def make_train_step(graphdef, learning_rate: float = 3e-4):
   tx = optax.adamw(learning_rate, weight_decay=0.1)
 
   def loss_fn(params, rest, tokens, labels):
-    logits = nnx.merge(graphdef, params, rest)(tokens)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), labels
-    ).mean()
+    return nnx.merge(graphdef, params, rest).loss(tokens, labels)
 
   def train_step(params, opt_state, rest, tokens, labels):
     loss, grads = jax.value_and_grad(loss_fn)(params, rest, tokens, labels)

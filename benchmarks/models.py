@@ -13,7 +13,9 @@ their projections run:
               `pallas_gemm.mlp` (`flax.mlp_of`), whose backward applies the
               GELU derivative in a GEMM's epilogue; the Llama MLP's gate and
               up projections as one `pallas_gemm.gated_linear_unit`
-              (`flax.gated_mlp_of`).
+              (`flax.gated_mlp_of`); the head and the training loss as one
+              `pallas_gemm.head_cross_entropy` (`flax.Linear.cross_entropy`:
+              the log-sum-exp in the head GEMM's epilogue).
 
 For serving, `quantize` turns an "xla" model's projections (the head included) into
 `pallas_gemm.flax.QuantizedLinear`s: int4 or int8 weights with group scales,
@@ -39,6 +41,7 @@ import dataclasses
 
 from flax import nnx
 import jax
+import optax  # flax's own dependency
 import jax.numpy as jnp
 import numpy as np
 
@@ -258,10 +261,22 @@ class Decoder(nnx.Module):
     )
 
   def __call__(self, tokens):
+    return self.head(self.hidden(tokens))
+
+  def hidden(self, tokens):
+    """The normalized hidden states the head reads, (B, S, d_model)."""
     x = self.embed(tokens)
     for block in self.blocks:
       x = block(x)
-    return self.head(self.norm(x))
+    return self.norm(x)
+
+  def loss(self, tokens, labels):
+    """Mean cross-entropy (f32) of the next-token logits against `labels` (B, S)."""
+    h = self.hidden(tokens)
+    if self.head.variant == "fused":
+      return self.head.linear.cross_entropy(h, labels).mean()
+    logits = self.head(h).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def quantize(model: Decoder, bits: int = 4, group_size: int = 128) -> Decoder:

@@ -22,6 +22,7 @@ from pallas_gemm.blockwise import (
     quantize_blockwise,
 )
 from pallas_gemm.config import GemmConfig, GemmProblem
+from pallas_gemm.cross_entropy import head_cross_entropy
 from pallas_gemm.dot import dot_general, make_dot_general
 from pallas_gemm.glu import gated_linear_unit, gated_mlp
 from pallas_gemm.grouped import ragged_dot, ragged_weight_gradient
@@ -62,6 +63,7 @@ __all__ = [
     "fp8_linear",
     "gated_linear_unit",
     "gated_mlp",
+    "head_cross_entropy",
     "int8_matmul",
     "lookup_config",
     "make_blockwise_fp8_dot_general",

@@ -110,6 +110,9 @@ class GemmProblem:
   """A runtime per-column (N) multiplier of the accumulator."""
   amax: bool = False
   """A second output: per-row maxima of |y| (before fp8 output scaling) per column tile."""
+  row_lse: bool = False
+  """A second output: per column tile, each row's max m of the stored y and the sum of
+  exp(y - m) over the tile's columns (a log-sum-exp in two parts; `cross_entropy`)."""
 
   @property
   def dtype_b(self) -> str:
@@ -281,6 +284,7 @@ class GemmConfig:
         has_row_scale=False,
         has_col_scale=False,
         amax=False,
+        row_lse=False,
     )
 
   def smem_bytes(self, problem: GemmProblem) -> int:
@@ -302,6 +306,7 @@ class GemmConfig:
         if problem.residual_dtype
         else None,
         ((self.consumers, wm), "float32") if problem.amax else None,
+        ((self.consumers, 2, wm), "float32") if problem.row_lse else None,
         ((self.stages, 1, self.tile_m), "float32") if problem.block_scaled else None,
         ((self.stages, 1, B_SCALE_BOX if problem.b_scale_rows > 1 else self.tile_n), "float32")
         if problem.block_scaled

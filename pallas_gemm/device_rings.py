@@ -209,6 +209,7 @@ def check(kind, ring, problem, config, epilogue, interpret, *extras):
           and not epilogue.gated
           and not problem.block_scaled
           and not problem.amax
+          and not problem.row_lse
       ),
       "no c, row bias, residual, runtime scales or up weights": all(x is None for x in extras),
       "2 devices or more": isinstance(size, int) and size >= 2,

@@ -259,6 +259,22 @@ def activation_name(activation, argument: str = "activation", *, custom: bool = 
   raise ValueError(f"{argument} must be {allowed}, got {activation!r}")
 
 
+def combine_row_lse(parts):
+  """log sum_j exp(y[r, j]) of each row r from per-column-tile parts: `parts[..., j, 0, r]`
+  the max m_j of row r over column tile j, `parts[..., j, 1, r]` the sum of exp(y - m_j)
+  there (the kernel's `row_lse` output); f32 (..., rows).
+
+  >>> y = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+  >>> m = jnp.array([2.0, 4.0]); s = jnp.array([1 + jnp.exp(-1.0), 1 + jnp.exp(-1.0)])
+  >>> parts = jnp.stack([m, s], axis=1)[:, :, None]  # 2 tiles of 2 columns, 1 row
+  >>> bool(jnp.allclose(combine_row_lse(parts), jax.nn.logsumexp(y, axis=1)))
+  True
+  """
+  maxima, sums = parts[..., 0, :], parts[..., 1, :]
+  top = jnp.max(maxima, axis=-2)
+  return top + jnp.log(jnp.sum(sums * jnp.exp(maxima - top[..., None, :]), axis=-2))
+
+
 def abs_max(x):
   """max |x| (f32) that propagates NaN on every backend: the max runs on the bits of |x|,
   which order like |x| and put NaN above Inf (XLA's CPU max, and the GPU's float max

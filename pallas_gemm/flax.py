@@ -56,6 +56,7 @@ from pallas_gemm import lowering_pool
 from pallas_gemm import weight_only
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
+from pallas_gemm.cross_entropy import head_cross_entropy
 from pallas_gemm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from pallas_gemm.glu import gated_mlp
 from pallas_gemm.perceptron import mlp
@@ -109,6 +110,18 @@ class Linear(nnx.Linear):
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
+
+  def cross_entropy(self, inputs, labels):
+    """Per-token cross-entropy (f32, `labels`' shape) of this layer's logits
+    `inputs @ kernel + bias` against integer `labels`: a language model's head and its
+    loss in one kernel (`pallas_gemm.head_cross_entropy`; no activation)."""
+    if self.activation is not None:
+      raise ValueError(
+          f"cross_entropy reads logits: activation must be None, not {self.activation}"
+      )
+    bias = self.bias[...] if self.bias is not None else None
+    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    return head_cross_entropy(inputs, kernel, labels, bias=bias, implementation=self.implementation)
 
 
 class _TensorParallelLinear(Linear):

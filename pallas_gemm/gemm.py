@@ -369,6 +369,7 @@ def xla_gemm(
     amax=False,
     return_pre=False,
     product_dtype=None,
+    row_lse=False,
 ):
   """The XLA implementation (results as `_epilogue_in_xla` returns them); `product_dtype`:
   the dot's output dtype before the f32 epilogue (None: f32)."""
@@ -380,6 +381,7 @@ def xla_gemm(
       spec == epilogue_lib.EpilogueSpec()
       and not return_pre
       and not amax
+      and not row_lse
       and all(x is None for x in (bias, c, row_bias, residual, scalars, row_scale, col_scale))
   )
   if plain and op_a.dtype.itemsize >= 2:  # fp8 operands: XLA's fp8 dot wants scales
@@ -405,6 +407,7 @@ def xla_gemm(
       col_scale=col_scale,
       amax=amax,
       return_pre=return_pre,
+      row_lse=row_lse,
   )
 
 
@@ -422,11 +425,12 @@ def _epilogue_in_xla(
     col_scale=None,
     amax=False,
     return_pre=False,
+    row_lse=False,
 ):
   """The epilogue on an f32 `op(a) @ op(b)` in XLA (the XLA path, and after split-K).
 
   Returns y; with `return_pre`, (y, pre); with `amax`, max |y| before fp8 output
-  scaling is appended.
+  scaling is appended; with `row_lse`, then each row's log-sum-exp of y as stored (f32).
   """
   multipliers = dict(row_scale=row_scale, col_scale=col_scale)
   scales = (() if scalars is None else (scalars[0],)) + tuple(
@@ -445,6 +449,7 @@ def _epilogue_in_xla(
       (out,)
       + ((pre.astype(out_dtype),) if return_pre else ())
       + ((epilogue_lib.abs_max(y),) if amax else ())
+      + ((jax.nn.logsumexp(out.astype(jnp.float32), axis=-1),) if row_lse else ())
   )
   return results if len(results) > 1 else out
 
@@ -604,12 +609,14 @@ def kernel_gemm(
     amax=False,
     return_pre=False,
     residual_up=None,
+    row_lse=False,
 ):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
   scale; (3,): and a user's epilogue scalar), `row_scale` (M,) and `col_scale` (N,) are
   runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
-  before fp8 output scaling with `amax`. `residual_up` (2-D, with
+  before fp8 output scaling with `amax`, then each row's log-sum-exp of the stored y
+  (f32 (..., M)) with `row_lse`. `residual_up` (2-D, with
   `spec.gated_slope` and `return_pre`): a gated unit's up pre-activation beside
   `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
@@ -624,6 +631,7 @@ def kernel_gemm(
       has_row_scale=row_scale is not None,
       has_col_scale=col_scale is not None,
       amax=bool(amax),
+      row_lse=bool(row_lse),
   )
   if residual_up is not None:
     problem = dataclasses.replace(problem, residual_operands=2)
@@ -669,7 +677,7 @@ def kernel_gemm(
   config.validate(problem)
   splits = config.k_splits(problem)[0]
   if splits > 1:  # the kernel writes f32 partial sums; the epilogue runs after their sum
-    extras = dict(operands, scalars=scalars, amax=amax)
+    extras = dict(operands, scalars=scalars, amax=amax, row_lse=row_lse)
     operands, scalars = {}, None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
@@ -698,15 +706,20 @@ def kernel_gemm(
   if splits > 1:
     acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]
     results = _epilogue_in_xla(out_dtype, final_spec, acc, return_pre=return_pre, **extras)
-    if not (return_pre or amax):
+    if not (return_pre or amax or row_lse):
       return results.reshape(*batch_shape, m, n)
     arrays = tuple(x.reshape(*batch_shape, m, n) for x in results[: 1 + return_pre])
-    return arrays + results[1 + return_pre :]
-  if not (return_pre or amax):
+    lse = (results[-1].reshape(*batch_shape, m),) if row_lse else ()
+    return arrays + results[1 + return_pre : len(results) - len(lse)] + lse
+  if not (return_pre or amax or row_lse):
     return crop(outs)
   results = tuple(map(crop, outs[: 1 + return_pre]))
+  col_tiles = -(-n // config.wg_tile[1])
   if amax:
     # partial[..., j, r]: max |y| of row r over the j-th warpgroup column tile.
-    partial = outs[-1][..., : -(-n // config.wg_tile[1]), : problem.m]
+    partial = outs[1 + return_pre][..., :col_tiles, : problem.m]
     results += (epilogue_lib.abs_max(partial),)
+  if row_lse:
+    parts = outs[-1][..., :col_tiles, :, : problem.m]
+    results += (epilogue_lib.combine_row_lse(parts).reshape(*batch_shape, m),)
   return results

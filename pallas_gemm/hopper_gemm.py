@@ -176,6 +176,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   pre_gmem = next(extra_refs) if p.return_pre else None
   up_pre_gmem = next(extra_refs) if p.return_pre and b_up_gmem is not None else None
   amax_gmem = next(extra_refs) if p.problem.amax else None
+  lse_gmem = next(extra_refs) if p.problem.row_lse else None
   ring_gmem = next(extra_refs) if p.ring_kind else None
   sk = p.stream_k
   partials_gmem = next(extra_refs) if sk else None
@@ -210,6 +211,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
         pre_gmem=pre_gmem,
         up_pre_gmem=up_pre_gmem,
         amax_gmem=amax_gmem,
+        lse_gmem=lse_gmem,
         vectors=vectors,
         c_gmem=c_gmem,
         residuals=residuals,
@@ -454,6 +456,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
           residuals=len(residuals),
           residual_transforms=p.residual_transforms,
           amax=amax_gmem is not None,
+          row_lse=lse_gmem is not None,
           out_copy_transforms=p.copy_views[2],
           residual_copy_transforms=p.copy_views[3],
       ),
@@ -482,10 +485,9 @@ def _check_gated(
       col_scale=col_scale,
   )
   present = [name for name, value in extras.items() if value is not None]
-  if present or problem.amax:
-    raise ValueError(
-        f"a gated GEMM takes a bias only as an epilogue operand, got {present or ['amax']}"
-    )
+  present += [name for name in ("amax", "row_lse") if getattr(problem, name)]
+  if present:
+    raise ValueError(f"a gated GEMM takes a bias only as an epilogue operand, got {present}")
   tn = config.tile_n
   if config.schedule == "cooperative" and config.wg_split != "m":
     raise ValueError(
@@ -618,7 +620,8 @@ def hopper_gemm(
       a user's epilogue scalar (`with_operands(fn, "scalar")`) third, or None.
     row_scale: f32 (m_tiles * tile_m,) zero-padded per-row multiplier, or None.
     col_scale: f32 (n_tiles * tile_n,) zero-padded per-column multiplier, or None.
-    valid_n: with `problem.amax`, the output columns that count (default N).
+    valid_n: with `problem.amax` or `problem.row_lse`, the output columns that count
+      (default N).
     b_up: with `epilogue.gated`, the up projection's weights, shaped like `b` (the
       gate's). B tile j then holds gate columns [j, j+1) * tile_n/2 beside the same
       up columns, and the output has `problem.n / 2` columns: `problem.n` counts
@@ -657,6 +660,10 @@ def hopper_gemm(
     entry [(b,) j, r] = max |y[(b,) r, c]| over the j-th warpgroup column tile
     (wg_n = `config.wg_tile[1]` columns), before fp8 output scaling, columns
     >= valid_n left out. Reduce `[..., :ceil(valid_n / wg_n), :M]` for the amax.
+    With `problem.row_lse`, also (last) f32 (batch, n_tiles * tile_n // wg_n, 2,
+    m_tiles * tile_m): entry [(b,) j, 0, r] = m, the max of row r's stored y (the
+    output dtype's values) over the j-th warpgroup column tile, and [(b,) j, 1, r] =
+    the sum of exp(y - m) there, columns >= valid_n left out (`cross_entropy.lse`).
   """
   return _launch(
       a,
@@ -844,7 +851,17 @@ def _launch(
         plan.cluster_tiles[0] * cm * config.tile_m,
     )
     out_type += (jax.ShapeDtypeStruct(amax_shape, jnp.float32),)
-    # Row maxima stay inside warps: no cross-warp reduction scratch is needed.
+  if problem.row_lse:
+    cm, cn = config.cluster
+    lse_shape = (
+        *lead,
+        plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
+        2,
+        plan.cluster_tiles[0] * cm * config.tile_m,
+    )
+    out_type += (jax.ShapeDtypeStruct(lse_shape, jnp.float32),)
+  if problem.amax or problem.row_lse:
+    # Row reductions stay inside warps: no cross-warp reduction scratch is needed.
     extra_params["reduction_scratch_bytes"] = 0
   if all_gather:  # the chunks received (and forwarded)
     out_type += (jax.ShapeDtypeStruct((plan.ring_size - 1, problem.m, problem.k), a.dtype),)

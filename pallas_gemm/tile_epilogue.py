@@ -73,6 +73,7 @@ def scratch(
     residuals,
     residual_transforms,
     amax,
+    row_lse=False,
     out_copy_transforms=None,
     residual_copy_transforms=None,
 ):
@@ -110,6 +111,7 @@ def scratch(
       if residual_dtype is None
       else plgpu.Barrier(num_arrivals=residuals, num_barriers=wgs * slots),
       amax_smem=plgpu.SMEM((wgs, wm), jnp.float32) if amax else None,
+      lse_smem=plgpu.SMEM((wgs, 2, wm), jnp.float32) if row_lse else None,
   )
 
 
@@ -124,7 +126,10 @@ def build_store_only(p, wg, *, out_gmem, out_smem) -> TileEpilogue:
   """`build` for an epilogue that only adds its partials and stores the sum in
   `out_gmem`'s dtype (no epilogue spec, operands or extra outputs); `out_smem` is the
   kernel epilogue's, shared (each store is waited for before a slot is reused)."""
-  absent = "pre_gmem up_pre_gmem amax_gmem c_gmem c_loaded res_smem res_loaded amax_smem"
+  absent = (
+      "pre_gmem up_pre_gmem amax_gmem lse_gmem c_gmem c_loaded res_smem res_loaded amax_smem "
+      "lse_smem"
+  )
   staged = [f"{name}_{part}" for name in operands.VECTORS for part in ("smem", "loaded")]
   plain = dataclasses.replace(p, epilogue=epilogue_lib.EpilogueSpec(), return_pre=False)
   return build(
@@ -143,12 +148,14 @@ def build(
     amax_gmem,
     vectors,
     c_gmem,
+    lse_gmem=None,
     residuals,
     out_smem,
     c_loaded,
     res_smem,
     res_loaded,
     amax_smem,
+    lse_smem=None,
     **staged,
 ) -> TileEpilogue:
   """The epilogue functions of warpgroup `wg` for the kernel plan `p` (`hopper_gemm._Plan`:
@@ -207,13 +214,14 @@ def build(
     for name in present:
       plgpu.barrier_wait(staged[f"{name}_loaded"].at[wg])
     row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
+    row_lses = []  # row_lse: per-row (max, sum of exp(y - max)) of each row chunk
     # Each chunk is one store (two with `pre_gmem`: the affine part, then y).
     # With a store count that is not a multiple of the slots, the next tile's
     # first store reuses the slot of this tile's last one: keep none in flight.
     per_chunk = 1 if pre_gmem is None else 2
     in_flight = slots - 1 if (wm // em) * (wn // en) * per_chunk % slots == 0 else 0
     for i in range(wm // em):
-      row_max = None
+      row_max = row_lse = None
       for j in range(wn // en):
         store = (i * (wn // en) + j) * per_chunk
         out_slot = store % slots
@@ -276,7 +284,14 @@ def build(
             for ii, maxima in enumerate((*row_maxima, row_max)):
               amax_smem[wg, pl.ds(ii * em, em)] = lax.bitcast_convert_type(maxima, jnp.float32)
         y = epilogue_lib.quantize(p.epilogue, y, None if scalars is None else scalars[1])
-        buf[...] = y.astype(out_dtype)
+        stored = y.astype(out_dtype)
+        if lse_smem is not None:
+          row_lse = _row_lse_update(row_lse, stored.astype(jnp.float32), col0 + j * en)
+          if last_chunk:  # ordered after the previous tile's stores as amax's is
+            for ii, (maxima, sums) in enumerate((*row_lses, row_lse)):
+              lse_smem[wg, 0, pl.ds(ii * em, em)] = maxima
+              lse_smem[wg, 1, pl.ds(ii * em, em)] = sums
+        buf[...] = stored
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(buf_copy, at(out_gmem, batch_idx, rows, cols))
         if res_smem is not None and chunk + slots < chunks:
@@ -287,7 +302,12 @@ def build(
           plgpu.copy_smem_to_gmem(
               amax_smem.at[wg], at(amax_gmem, batch_idx, lax.div(col0, wn), pl.ds(row0, wm))
           )
+        if lse_smem is not None and last_chunk:
+          where = (lax.div(col0, wn), slice(None), pl.ds(row0, wm))
+          target = lse_gmem.at[(batch_idx, *where) if len(lse_gmem.shape) == 4 else where]
+          plgpu.copy_smem_to_gmem(lse_smem.at[wg], target)
       row_maxima.append(row_max)
+      row_lses.append(row_lse)
 
   def _gated_epilogue(gate, up, batch_idx, row0, col0):
     """Epilogue of a gated warpgroup tile: the gate and up accumulators of output
@@ -325,6 +345,24 @@ def build(
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(out_copy.at[wg, store % slots], at(target, batch_idx, rows, cols))
           store += 1
+
+  def _row_lse_update(running, y, first_col):
+    """(max, sum of exp(y - max)) along each row of an epilogue chunk folded into the
+    running pair of the row's earlier chunks (None for the first); columns >= valid_n
+    left out. A masked entry counts as the lowest finite f32 and adds 0, so a chunk
+    past valid_n leaves the pair as it was (no inf - inf)."""
+    if p.valid_n % wn:
+      valid = first_col + lax.broadcasted_iota(jnp.int32, y.shape, 1) < p.valid_n
+      y = jnp.where(valid, y, jnp.finfo(jnp.float32).min)
+    chunk_max = jnp.max(y, axis=1)
+    new_max = chunk_max if running is None else jnp.maximum(running[0], chunk_max)
+    e = jnp.exp(y - lax.broadcast_in_dim(new_max, y.shape, (0,)))
+    if p.valid_n % wn:
+      e = jnp.where(valid, e, 0.0)
+    sums = jnp.sum(e, axis=1)
+    if running is not None:
+      sums = sums + running[1] * jnp.exp(running[0] - new_max)
+    return new_max, sums
 
   def _row_abs_max(y, first_col):
     """max |y| along each row of an epilogue chunk, columns >= valid_n left out, as
