@@ -15,7 +15,8 @@ their projections run:
               up projections as one `pallas_gemm.gated_linear_unit`
               (`flax.gated_mlp_of`); the head and the training loss as one
               `pallas_gemm.head_cross_entropy` (`flax.Linear.cross_entropy`:
-              the log-sum-exp in the head GEMM's epilogue).
+              the log-sum-exp in the head GEMM's epilogue); q, k and v stored
+              apart by the qkv GEMM (`flax.Linear.split`).
 
 For serving, `quantize` turns an "xla" model's projections (the head included) into
 `pallas_gemm.flax.QuantizedLinear`s: int4 or int8 weights with group scales,
@@ -211,8 +212,11 @@ class Block(nnx.Module):
   def __call__(self, x):
     s = self.spec
     b, t, _ = x.shape
-    qkv = self.qkv(self.norm1(x))
-    q, k, v = jnp.split(qkv, [s.heads * s.head_dim, (s.heads + s.kv_heads) * s.head_dim], -1)
+    widths = (s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim)
+    if self.qkv.variant == "fused":  # q, k and v stored apart by the kernel
+      q, k, v = self.qkv.linear.split(self.norm1(x), widths)
+    else:
+      q, k, v = jnp.split(self.qkv(self.norm1(x)), [widths[0], widths[0] + widths[1]], -1)
     q = q.reshape(b, t, s.heads, s.head_dim)
     k = k.reshape(b, t, s.kv_heads, s.head_dim)
     v = v.reshape(b, t, s.kv_heads, s.head_dim)

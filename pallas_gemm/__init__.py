@@ -30,6 +30,7 @@ from pallas_gemm.int8 import int8_matmul, make_int8_dot_general, quantize_per_ch
 from pallas_gemm.perceptron import mlp
 from pallas_gemm.ragged_gemm import RaggedConfig
 from pallas_gemm.scaled import fp8_linear, scaled_matmul
+from pallas_gemm.split_outputs import matmul_split
 from pallas_gemm.tuning_cache import lookup_config
 from pallas_gemm.weight_only import (
     QuantizedWeight,
@@ -70,6 +71,7 @@ __all__ = [
     "make_dot_general",
     "make_int8_dot_general",
     "matmul",
+    "matmul_split",
     "matmul_reduce_scatter",
     "mlp",
     "nn_scaled_matmul",

@@ -113,6 +113,9 @@ class GemmProblem:
   row_lse: bool = False
   """A second output: per column tile, each row's max m of the stored y and the sum of
   exp(y - m) over the tile's columns (a log-sum-exp in two parts; `cross_entropy`)."""
+  out_splits: tuple[int, ...] | None = None
+  """The output stored as separate arrays of these widths (summing to N), side by side
+  along N, each a whole number of epilogue chunks wide (`split_outputs`)."""
 
   @property
   def dtype_b(self) -> str:
@@ -285,6 +288,7 @@ class GemmConfig:
         has_col_scale=False,
         amax=False,
         row_lse=False,
+        out_splits=None,
     )
 
   def smem_bytes(self, problem: GemmProblem) -> int:

@@ -57,6 +57,7 @@ from pallas_gemm import weight_only
 from pallas_gemm.config import INPUT_DTYPES
 from pallas_gemm.blockwise import blockwise_fp8_linear
 from pallas_gemm.cross_entropy import head_cross_entropy
+from pallas_gemm.split_outputs import matmul_split
 from pallas_gemm.collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from pallas_gemm.glu import gated_mlp
 from pallas_gemm.perceptron import mlp
@@ -110,6 +111,16 @@ class Linear(nnx.Linear):
     if out_sharding is not None:
       y = jax.sharding.reshard(y, out_sharding)
     return y
+
+  def split(self, inputs, sizes):
+    """This layer's output `inputs @ kernel + bias` as arrays of widths `sizes` (summing to
+    out_features), each stored apart by the kernel (`pallas_gemm.matmul_split`: an
+    attention's q, k and v without the copies `jnp.split` makes; no activation)."""
+    if self.activation is not None:
+      raise ValueError(f"split: activation must be None, not {self.activation}")
+    bias = self.bias[...] if self.bias is not None else None
+    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    return matmul_split(inputs, kernel, sizes, bias=bias, implementation=self.implementation)
 
   def cross_entropy(self, inputs, labels):
     """Per-token cross-entropy (f32, `labels`' shape) of this layer's logits

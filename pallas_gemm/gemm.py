@@ -578,6 +578,17 @@ def usable_config(config, problem):
   return config
 
 
+def _stored_apart(out_splits, problem, config, rows, cols, splits) -> bool:
+  """Whether the kernel can store `out_splits`' arrays apart: whole epilogue chunks of
+  each, one K slice, an output not widened for TMA, rows that TMA tiles by 8."""
+  return (
+      splits == 1
+      and cols == problem.n
+      and all(w % config.epilogue_shape[1] == 0 for w in out_splits)
+      and smem.rows_tileable(rows)
+  )
+
+
 def _k_major(a, b, problem):
   """fp8/f32 operands: transpose (in XLA) whichever operand is not K-major."""
   if problem.dtype not in K_MAJOR_DTYPES:
@@ -610,13 +621,16 @@ def kernel_gemm(
     return_pre=False,
     residual_up=None,
     row_lse=False,
+    out_splits=None,
 ):
   """The kernel path. `scalars` (f32 (2,): accumulator multiplier, fp8 output
   scale; (3,): and a user's epilogue scalar), `row_scale` (M,) and `col_scale` (N,) are
   runtime multipliers; results
   as `_epilogue_in_xla` returns them: y, then pre with `return_pre`, then max |y|
   before fp8 output scaling with `amax`, then each row's log-sum-exp of the stored y
-  (f32 (..., M)) with `row_lse`. `residual_up` (2-D, with
+  (f32 (..., M)) with `row_lse`. `out_splits` (widths summing to N; no return_pre,
+  amax or row_lse): the output as a tuple of arrays of those widths, stored apart by the
+  kernel where each is a whole number of epilogue chunks (else split in XLA). `residual_up` (2-D, with
   `spec.gated_slope` and `return_pre`): a gated unit's up pre-activation beside
   `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
@@ -624,6 +638,8 @@ def kernel_gemm(
         f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
         f"(this is jax {jax.__version__}); implementation='xla' runs it"
     )
+  if out_splits is not None and (return_pre or amax or row_lse or residual_up is not None):
+    raise ValueError("out_splits: one plain output only (no return_pre, amax or row_lse)")
   m, n = problem.m, problem.n
   problem = dataclasses.replace(
       problem,
@@ -689,6 +705,8 @@ def kernel_gemm(
   if residual_up is not None:
     residual_up = kernel_layout("residual", residual_up, problem, config, rows, cols)
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
+  if out_splits is not None and _stored_apart(out_splits, problem, config, rows, cols, splits):
+    kernel_problem = dataclasses.replace(kernel_problem, out_splits=tuple(out_splits))
   outs = hopper_gemm(
       a,
       b,
@@ -703,6 +721,17 @@ def kernel_gemm(
       interpret=_compat.interpret_params(zero_fill=False) if interpret else None,
   )
   crop = lambda out: out[..., : problem.m, :n].reshape(*batch_shape, m, n)
+  if kernel_problem.out_splits:
+    return tuple(
+        piece[..., : problem.m, :].reshape(*batch_shape, m, width)
+        for piece, width in zip(outs, out_splits)
+    )
+  if out_splits is not None:  # one output, split here
+    whole = crop(outs) if splits == 1 else None
+    if whole is None:
+      acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]
+      whole = _epilogue_in_xla(out_dtype, final_spec, acc, **extras).reshape(*batch_shape, m, n)
+    return tuple(jnp.split(whole, np.cumsum(out_splits)[:-1].tolist(), axis=-1))
   if splits > 1:
     acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]
     results = _epilogue_in_xla(out_dtype, final_spec, acc, return_pre=return_pre, **extras)

@@ -167,7 +167,10 @@ fp8's."""
 
 def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   inputs = dict(zip(_INPUTS, refs))
-  out_gmem, *extra_refs = refs[len(_INPUTS) :]
+  outs = refs[len(_INPUTS) :]
+  pieces = len(p.problem.out_splits or (None,))
+  out_gmem = tuple(outs[:pieces]) if p.problem.out_splits else outs[0]
+  extra_refs = outs[pieces:]
   vectors = {name: inputs[name] for name in operands.VECTORS}
   c_gmem, residual_gmem, scalars_gmem = inputs["c"], inputs["residual"], inputs["scalars"]
   b_up_gmem, residual_up_gmem = inputs["b_up"], inputs["residual_up"]
@@ -192,7 +195,7 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
   wm, wn = cfg.wg_tile
   schedule = schedules.of(cfg)
-  out_dtype = out_gmem.dtype
+  out_dtype = (out_gmem[0] if p.problem.out_splits else out_gmem).dtype
   acc_dtype = jnp.int32 if prob.dtype in INT_DTYPES else jnp.float32
   a_block = (tk, tm) if prob.transpose_a else (tm, tk)
   b_cols = tn // 2 if b_up_gmem is not None else tn  # gated: gate and up tiles of tn/2
@@ -464,6 +467,29 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   )
 
 
+def _check_out_splits(problem, config, return_pre, epilogue, ring_kind, copy_views):
+  """A launch with `problem.out_splits`'s rules: the widths sum to N, each a whole number
+  of epilogue chunks (a chunk's store never straddles two arrays); one plain output."""
+  widths, en = problem.out_splits, config.epilogue_shape[1]
+  if sum(widths) != problem.n or any(w <= 0 or w % en for w in widths):
+    raise ValueError(
+        f"problem.out_splits={widths}: the widths must sum to N={problem.n}, each a positive "
+        f"multiple of the epilogue chunk's {en} columns"
+    )
+  others = dict(
+      return_pre=return_pre,
+      gated=epilogue.gated,
+      amax=problem.amax,
+      row_lse=problem.row_lse,
+      ring=ring_kind is not None,
+      row_view=copy_views[2] is not None,
+  )
+  if any(others.values()):
+    raise ValueError(
+        f"problem.out_splits: one plain output only, got {[k for k, v in others.items() if v]}"
+    )
+
+
 def _check_gated(
     b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue
 ):
@@ -655,6 +681,7 @@ def hopper_gemm(
   Returns:
     (batch, M, N) or (M, N) array of `problem.out_dtype`; with `config.split_k`
     > 1, (splits * batch, M, N) partial sums, slice-major (see `GemmConfig.k_splits`).
+    With `problem.out_splits`, the output is a tuple of arrays of those widths instead.
     With `return_pre`, (out, pre) with `pre` like `out`. With `problem.amax`,
     also (last) f32 (batch, n_tiles * tile_n // wg_n, m_tiles * tile_m) partial maxima:
     entry [(b,) j, r] = max |y[(b,) r, c]| over the j-th warpgroup column tile
@@ -842,6 +869,12 @@ def _launch(
   out_rows = problem.m * (plan.ring_size if all_gather else 1)
   out = jax.ShapeDtypeStruct((*lead, out_rows, out_cols), jnp.dtype(problem.out_dtype))
   out_type = (out,) + ((out,) * (1 + epilogue.gated) if return_pre else ())
+  if problem.out_splits:
+    _check_out_splits(problem, config, return_pre, epilogue, ring_kind, copy_views)
+    out_type = tuple(
+        jax.ShapeDtypeStruct((*lead, out_rows, width), jnp.dtype(problem.out_dtype))
+        for width in problem.out_splits
+    )
   extra_params = {}
   if problem.amax:
     cm, cn = config.cluster

@@ -167,7 +167,7 @@ def build(
   em, en = cfg.epilogue_shape
   wm, wn = cfg.wg_tile
   slots = cfg.epilogue_slots
-  out_dtype = out_gmem.dtype
+  out_dtype = (out_gmem[0] if isinstance(out_gmem, tuple) else out_gmem).dtype
   # TMA copies go through the copy views, registers through the others (the same
   # refs unless the rows of an array are not a multiple of 8: `smem.tile_buffer`).
   out_copy, out_smem = smem.copy_and_register_views(out_smem)
@@ -293,7 +293,7 @@ def build(
               lse_smem[wg, 1, pl.ds(ii * em, em)] = sums
         buf[...] = stored
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(buf_copy, at(out_gmem, batch_idx, rows, cols))
+        store_output(buf_copy, batch_idx, rows, col0 + j * en)
         if res_smem is not None and chunk + slots < chunks:
           # This chunk's residual slot is free (commit_smem ordered every read of it):
           # load the chunk `slots` ahead now, so the next chunk's work hides its latency.
@@ -345,6 +345,28 @@ def build(
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(out_copy.at[wg, store % slots], at(target, batch_idx, rows, cols))
           store += 1
+
+  def store_output(buf_copy, batch_idx, rows, first_col):
+    """TMA-stores an output chunk whose first column is `first_col`: into the output, or
+    with `problem.out_splits` into the array that holds that column. A chunk past N (a
+    tile the grid rounds up to) stores nothing and waits for every store in flight
+    instead: the slot rotation assumes one store per chunk."""
+    if not isinstance(out_gmem, tuple):
+      plgpu.copy_smem_to_gmem(buf_copy, at(out_gmem, batch_idx, rows, pl.ds(first_col, en)))
+      return
+    start = 0
+    for piece, width in zip(out_gmem, p.problem.out_splits):
+
+      @pl.when((first_col >= start) & (first_col < start + width))
+      def _(piece=piece, start=start):
+        cols = pl.ds(first_col - start, en)
+        plgpu.copy_smem_to_gmem(buf_copy, at(piece, batch_idx, rows, cols))
+
+      start += width
+
+    @pl.when(first_col >= start)
+    def _():
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   def _row_lse_update(running, y, first_col):
     """(max, sum of exp(y - max)) along each row of an epilogue chunk folded into the
