@@ -630,9 +630,9 @@ def kernel_gemm(
   before fp8 output scaling with `amax`, then each row's log-sum-exp of the stored y
   (f32 (..., M)) with `row_lse`. `out_splits` (widths summing to N; no return_pre,
   amax or row_lse): the output as a tuple of arrays of those widths, stored apart by the
-  kernel where each is a whole number of epilogue chunks (else split in XLA). `residual_up` (2-D, with
-  `spec.gated_slope` and `return_pre`): a gated unit's up pre-activation beside
-  `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
+  kernel where each is a whole number of epilogue chunks (else split in XLA).
+  `residual_up` (2-D, with `spec.gated_slope` and `return_pre`): a gated unit's up
+  pre-activation beside `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
     raise TypeError(
         f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
@@ -727,10 +727,11 @@ def kernel_gemm(
         for piece, width in zip(outs, out_splits)
     )
   if out_splits is not None:  # one output, split here
-    whole = crop(outs) if splits == 1 else None
-    if whole is None:
+    if splits > 1:
       acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]
       whole = _epilogue_in_xla(out_dtype, final_spec, acc, **extras).reshape(*batch_shape, m, n)
+    else:
+      whole = crop(outs)
     return tuple(jnp.split(whole, np.cumsum(out_splits)[:-1].tolist(), axis=-1))
   if splits > 1:
     acc = split_k.sum_partials(outs, splits)[..., : problem.m, :n]

@@ -8,8 +8,9 @@ stored apart by the kernel.
 the minor dim is not an array of its own): 0.77 ms a step of the GPT model's 16k tokens
 (NOTES exps. 132, 137). Here the kernel's epilogue stores each output chunk into the
 array that holds its columns (`GemmProblem.out_splits`), where every width is a whole
-number of the config's epilogue chunks (64 or 32 columns); elsewhere the output is split in XLA as before.
-The backward concatenates the pieces' cotangents and runs the projection's two GEMMs.
+number of the config's epilogue chunks (64 or 32 columns); elsewhere the output is split
+in XLA as before. The backward concatenates the pieces' cotangents and runs the
+projection's two GEMMs.
 
 >>> import jax.numpy as jnp
 >>> x = jnp.ones((4, 8), jnp.bfloat16); w = jnp.ones((8, 6), jnp.bfloat16)
