@@ -113,6 +113,11 @@ class GemmProblem:
   row_lse: bool = False
   """A second output: per column tile, each row's max m of the stored y and the sum of
   exp(y - m) over the tile's columns (a log-sum-exp in two parts; `cross_entropy`)."""
+  a_splits: tuple[int, ...] | None = None
+  """A (M, K), not transposed, read from arrays of these widths side by side along K
+  (the pieces of a concatenation that is never made; `split_outputs`' backward)."""
+  b_splits: tuple[int, ...] | None = None
+  """B (K, N), not transposed, read from arrays of these widths side by side along N."""
   out_splits: tuple[int, ...] | None = None
   """The output stored as separate arrays of these widths (summing to N), side by side
   along N, each a whole number of epilogue chunks wide (`split_outputs`)."""

@@ -578,6 +578,19 @@ def usable_config(config, problem):
   return config
 
 
+def _pieces_readable(pieces, box, whole_rows, interpret) -> bool:
+  """Whether the kernel can read an operand's `pieces` (side by side along the minor dim)
+  where they are: each a whole number of `box` columns (a TMA box never straddles two),
+  rows TMA tiles by 8, and in the interpreter (no out-of-bounds loads) whole tiles of
+  `whole_rows` rows."""
+  rows = pieces[0].shape[-2]
+  return (
+      all(x.shape[-1] % box == 0 for x in pieces)
+      and smem.rows_tileable(rows)
+      and (not interpret or rows % whole_rows == 0)
+  )
+
+
 def _stored_apart(out_splits, problem, config, rows, cols, splits) -> bool:
   """Whether the kernel can store `out_splits`' arrays apart: whole epilogue chunks of
   each, one K slice, an output not widened for TMA, rows that TMA tiles by 8."""
@@ -630,9 +643,13 @@ def kernel_gemm(
   before fp8 output scaling with `amax`, then each row's log-sum-exp of the stored y
   (f32 (..., M)) with `row_lse`. `out_splits` (widths summing to N; no return_pre,
   amax or row_lse): the output as a tuple of arrays of those widths, stored apart by the
-  kernel where each is a whole number of epilogue chunks (else split in XLA).
-  `residual_up` (2-D, with `spec.gated_slope` and `return_pre`): a gated unit's up
-  pre-activation beside `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`)."""
+  kernel where each is a whole number of epilogue chunks (else split in XLA). `a` or
+  `b` may be a tuple of 2-D arrays side by side along its minor dim (A (M, K) not
+  transposed: K; B (K, N) not transposed: N), the pieces of an operand that is never
+  concatenated where the kernel can read each box from one piece (else concatenated
+  here); `problem` is then the concatenation's, and the GEMM plain. `residual_up` (2-D, with `spec.gated_slope` and `return_pre`): a gated unit's up
+  pre-activation beside `residual`, its gate's; the results are then (d_gate, d_up) (`hopper_gemm`).
+  """
   if problem.dtype != problem.dtype_b and not _compat.SUPPORTS_MIXED_FP8:
     raise TypeError(
         f"a and b: mixed fp8 ({a.dtype} x {b.dtype}) needs jax >= 0.11 in the kernel "
@@ -640,6 +657,12 @@ def kernel_gemm(
     )
   if out_splits is not None and (return_pre or amax or row_lse or residual_up is not None):
     raise ValueError("out_splits: one plain output only (no return_pre, amax or row_lse)")
+  parts = {name: x for name, x in (("a", a), ("b", b)) if isinstance(x, tuple)}
+  if parts:
+    extras = (out_splits, return_pre, amax, row_lse, residual_up, batch_shape, scalars)
+    if any(extras) or any(x.ndim != 2 for pieces in parts.values() for x in pieces):
+      raise ValueError(f"{' and '.join(parts)} in pieces: a plain 2-D GEMM only")
+    a, b = (x[0] if isinstance(x, tuple) else x for x in (a, b))
   m, n = problem.m, problem.n
   problem = dataclasses.replace(
       problem,
@@ -697,7 +720,18 @@ def kernel_gemm(
     operands, scalars = {}, None
     out_dtype, final_spec = problem.out_dtype, spec
     problem, spec = config.kernel_problem(problem), epilogue_lib.EpilogueSpec()
-  a, b = tma_layout(a, b, problem, config, interpret)
+  rests = {}
+  for name, pieces in parts.items():
+    box = config.tile_k if name == "a" else config.tile_n
+    whole = config.tile_m * config.cluster[0] if name == "a" else config.tile_k
+    if _pieces_readable(pieces, box, whole, interpret):
+      rests[name] = pieces[1:]
+    elif name == "a":
+      a = jnp.concatenate(pieces, axis=-1)
+    else:
+      b = jnp.concatenate(pieces, axis=-1)
+  a_in, b_in = tma_layout(a, b, problem, config, interpret)
+  a, b = (a if "a" in rests else a_in), (b if "b" in rests else b_in)  # pieces: read as they are
   rows, cols = out_extent(problem, config, interpret)
   operands = {
       name: kernel_layout(name, x, problem, config, rows, cols) for name, x in operands.items()
@@ -707,6 +741,8 @@ def kernel_gemm(
   kernel_problem = dataclasses.replace(problem, m=rows, n=cols)
   if out_splits is not None and _stored_apart(out_splits, problem, config, rows, cols, splits):
     kernel_problem = dataclasses.replace(kernel_problem, out_splits=tuple(out_splits))
+  widths = {f"{name}_splits": tuple(x.shape[-1] for x in parts[name]) for name in rests}
+  kernel_problem = dataclasses.replace(kernel_problem, **widths)
   outs = hopper_gemm(
       a,
       b,
@@ -714,6 +750,8 @@ def kernel_gemm(
       scalars=scalars,
       valid_n=n,
       residual_up=residual_up,
+      a_rest=rests.get("a"),
+      b_rest=rests.get("b"),
       problem=kernel_problem,
       config=config,
       epilogue=spec,

@@ -159,10 +159,12 @@ _INPUTS = (
     "residual_up",
     "a_scales",
     "b_scales",
+    "a_rest",
+    "b_rest",
 )
 """The kernel's inputs after A and B, in order: the epilogue operands (`operands.OPERANDS`;
 a user's scalar rides in the runtime `scalars`), then the gated unit's and blockwise
-fp8's."""
+fp8's, then A's and B's pieces after the first (`GemmProblem.a_splits`, `b_splits`)."""
 
 
 def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
@@ -175,6 +177,8 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   c_gmem, residual_gmem, scalars_gmem = inputs["c"], inputs["residual"], inputs["scalars"]
   b_up_gmem, residual_up_gmem = inputs["b_up"], inputs["residual_up"]
   a_scales_gmem, b_scales_gmem = inputs["a_scales"], inputs["b_scales"]
+  a_pieces = (a_gmem, *inputs["a_rest"]) if p.problem.a_splits else None
+  b_pieces = (b_gmem, *inputs["b_rest"]) if p.problem.b_splits else None
   extra_refs = iter(extra_refs)
   pre_gmem = next(extra_refs) if p.return_pre else None
   up_pre_gmem = next(extra_refs) if p.return_pre and b_up_gmem is not None else None
@@ -269,6 +273,17 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
           if prob.transpose_b:
             rows_b, cols_b = cols_b, rows_b
           views = [at(a_gmem, batch_idx, rows_a, cols_a), at(b_gmem, batch_idx, rows_b, cols_b)]
+          if a_pieces is not None:  # A's K columns from the piece that holds them
+            views[0] = _piece_view(
+                a_pieces, prob.a_splits, k0, lambda x, c: at(x, batch_idx, rows_a, pl.ds(c, tk))
+            )
+          if b_pieces is not None:  # B's N columns likewise
+            views[1] = _piece_view(
+                b_pieces,
+                prob.b_splits,
+                ni * tn,
+                lambda x, c: at(x, batch_idx, rows_b, pl.ds(c, tn)),
+            )
           collectives = [a_collective, b_collective]
           if gather is not None:  # the step's chunk: this device's, or one received
             gather.fill(ring, step0 + k - kb, device_step, views, rows_a, cols_a)
@@ -467,6 +482,51 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
   )
 
 
+def _piece_view(pieces, widths, first, view) -> pipeline.OneOf:
+  """The copy of an operand box whose first minor-dim index is `first`, from the piece
+  (arrays side by side, `widths` wide) that holds it: `view(piece, first within it)`.
+  Each box lies in one piece (`_check_operand_splits`)."""
+  choices, start = [], 0
+  for i, (piece, width) in enumerate(zip(pieces, widths)):
+    condition = True  # the first piece has no lower bound, the last no upper one
+    if i > 0:
+      condition = first >= start
+    if i < len(widths) - 1:
+      condition = condition & (first < start + width)
+    choices.append((condition, view(piece, first - start)))
+    start += width
+  return pipeline.OneOf(tuple(choices))
+
+
+def _check_operand_splits(problem, config, a, b, a_rest, b_rest, ring_kind, b_up):
+  """A launch with `problem.a_splits` / `b_splits`: pieces of the operand's minor dim
+  (A's K, B's N; neither transposed), each but the last a whole number of boxes (tile_k
+  columns of A, tile_n of B), the first passed as the operand itself; no ring, gated or
+  block-scaled problem."""
+  for name, splits, first, rest, box, transposed in (
+      ("a", problem.a_splits, a, a_rest, config.tile_k, problem.transpose_a),
+      ("b", problem.b_splits, b, b_rest, config.tile_n, problem.transpose_b),
+  ):
+    if splits is None:
+      if rest is not None:
+        raise ValueError(f"{name}_rest needs problem.{name}_splits")
+      continue
+    pieces = (first, *(rest or ()))
+    if (
+        transposed
+        or len(pieces) != len(splits)
+        or any(w % box for w in splits[:-1])
+        or any(x.shape[-1] != w or x.shape[:-1] != first.shape[:-1] for x, w in zip(pieces, splits))
+    ):
+      raise ValueError(
+          f"problem.{name}_splits={splits}: {name} not transposed, given as {len(splits)} "
+          f"arrays of those minor extents and equal leading dims, each but the last a "
+          f"multiple of {box}; got {[x.shape for x in pieces]}"
+      )
+    if ring_kind or b_up is not None or problem.block_scaled:
+      raise ValueError(f"problem.{name}_splits: not with a ring, gated or block-scaled GEMM")
+
+
 def _check_out_splits(problem, config, return_pre, epilogue, ring_kind, copy_views):
   """A launch with `problem.out_splits`'s rules: the widths sum to N, each a whole number
   of epilogue chunks (a chunk's store never straddles two arrays); one plain output."""
@@ -621,6 +681,8 @@ def hopper_gemm(
     b_up=None,
     residual_up=None,
     block_scales=None,
+    a_rest=None,
+    b_rest=None,
     problem: GemmProblem,
     config: GemmConfig,
     epilogue: epilogue_lib.EpilogueSpec = epilogue_lib.EpilogueSpec(),
@@ -656,6 +718,9 @@ def hopper_gemm(
     residual_up: with `epilogue.gated_slope`, the gated unit's up pre-activation,
       shaped and typed like `residual` (its gate pre-activation); with `return_pre`
       the outputs are then (d_gate, d_up) = (y * up * act'(gate), y * act(gate)).
+    a_rest, b_rest: with `problem.a_splits` / `b_splits`, the operand's pieces after the
+      first (`a` / `b` itself): arrays side by side along the minor dim (A's K, B's N),
+      read where they are, each box from the piece that holds it.
     block_scales: with `problem.block_scaled` (fp8 A (M, K) and B (N, K), tile_k 128,
       tile_n 128), (a_scales_t, b_scales_t): f32 (K/128, >= M) per-row scales of each
       128-wide K block of A, transposed, and f32 (K/128, >= n_tiles rounded up to
@@ -706,6 +771,8 @@ def hopper_gemm(
       b_up=b_up,
       residual_up=residual_up,
       block_scales=block_scales,
+      a_rest=a_rest,
+      b_rest=b_rest,
       problem=problem,
       config=config,
       epilogue=epilogue,
@@ -746,6 +813,8 @@ def _launch(
     b_up,
     residual_up,
     block_scales,
+    a_rest,
+    b_rest,
     problem,
     config,
     epilogue,
@@ -780,6 +849,7 @@ def _launch(
   _check_gated(
       b_up, b, bias, c, row_bias, residual, scalars, row_scale, col_scale, problem, config, epilogue
   )
+  _check_operand_splits(problem, config, a, b, a_rest, b_rest, ring_kind, b_up)
   if (residual_up is not None) != (epilogue.gated_slope is not None) or (
       residual_up is not None
       and (
@@ -930,6 +1000,8 @@ def _launch(
       residual_up=residual_up,
       a_scales=a_scales,
       b_scales=b_scales,
+      a_rest=a_rest,
+      b_rest=b_rest,
   )
   results = kernel(a, b, *(inputs[name] for name in _INPUTS))
   if len(out_type) == 1:

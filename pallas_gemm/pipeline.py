@@ -90,6 +90,25 @@ def ring_scratch(
 
 
 @dataclasses.dataclass(frozen=True)
+class OneOf:
+  """A ring buffer's source picked at run time: `(condition, GMEM view)` pairs of which
+  exactly one condition holds, e.g. the array that holds a step's K columns when an
+  operand comes in pieces (`GemmProblem.a_splits`). Each view is one copy of the same
+  box, so the slot's barrier expects the same bytes whichever one runs.
+
+  >>> [c for c, _ in OneOf.choices_of("view")]  # a plain view: one unconditional copy
+  [True]
+  """
+
+  choices: tuple
+
+  @staticmethod
+  def choices_of(source) -> tuple:
+    """`source`'s (condition, view) pairs: its choices, or (True, source) for a view."""
+    return source.choices if isinstance(source, OneOf) else ((True, source),)
+
+
+@dataclasses.dataclass(frozen=True)
 class Ring:
   """A ring of SMEM stages between one TMA producer and `CONSUMERS` WGMMA consumers.
 
@@ -154,9 +173,9 @@ class Ring:
     return tuple(buffer.at[slot] for buffer in self.buffers)
 
   def fill(self, step, sources: Sequence, collective: Sequence = ()) -> None:
-    """Producer: TMA-copies `sources[i]` (GMEM views) into buffer i of `step`'s slot,
-    once the slot's previous contents are released. `collective[i]`: the cluster
-    axes that share buffer i's copy (multicast), or None."""
+    """Producer: TMA-copies `sources[i]` (GMEM views, or a `OneOf` of them) into buffer
+    i of `step`'s slot, once the slot's previous contents are released. `collective[i]`:
+    the cluster axes that share buffer i's copy (multicast), or None."""
     slot = self.slot(step)
 
     @pl.when(step >= self.stages)
@@ -167,7 +186,11 @@ class Ring:
     collective = tuple(collective) or (None,) * len(sources)
     with jax.named_scope("tma_issue"):
       for source, buffer, axes in zip(sources, self.copies, collective, strict=True):
-        plgpu.copy_gmem_to_smem(source, buffer.at[slot], self.loaded.at[slot], collective_axes=axes)
+        for condition, view in OneOf.choices_of(source):
+          copy = lambda view=view, buffer=buffer, axes=axes: plgpu.copy_gmem_to_smem(
+              view, buffer.at[slot], self.loaded.at[slot], collective_axes=axes
+          )
+          _when(condition, copy)
 
   def drain(self, steps) -> None:
     """Producer, after its last `fill`: waits until the last stages are released, so

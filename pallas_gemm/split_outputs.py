@@ -9,8 +9,9 @@ the minor dim is not an array of its own): 0.77 ms a step of the GPT model's 16k
 (NOTES exps. 132, 137). Here the kernel's epilogue stores each output chunk into the
 array that holds its columns (`GemmProblem.out_splits`), where every width is a whole
 number of the config's epilogue chunks (64 or 32 columns); elsewhere the output is split
-in XLA as before. The backward concatenates the pieces' cotangents and runs the
-projection's two GEMMs.
+in XLA as before. The backward's two GEMMs read the pieces' cotangents where they are
+(dX's A and dW's B in pieces, `GemmProblem.a_splits` / `b_splits`), so dq, dk and dv are
+not concatenated either.
 
 >>> import jax.numpy as jnp
 >>> x = jnp.ones((4, 8), jnp.bfloat16); w = jnp.ones((8, 6), jnp.bfloat16)
@@ -103,11 +104,42 @@ def _split_fwd(x, w, bias, sizes, implementation, config):
 def _split_bwd(sizes, implementation, config, saved, grads):
   del config  # the backward's GEMMs take their own defaults
   x, w, bias = saved
-  g = jnp.concatenate([gi.astype(x.dtype) for gi in grads], axis=-1)
-  dx = gemm_lib.gemm(g, w, transpose_b=True, implementation=implementation)
-  dw = gemm_lib.gemm(x, g, transpose_a=True, implementation=implementation)
-  dbias = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=0).astype(bias.dtype)
+  pieces = tuple(gi.astype(x.dtype) for gi in grads)
+  if implementation == "xla":
+    g = jnp.concatenate(pieces, axis=-1)
+    dx = gemm_lib.gemm(g, w, transpose_b=True, implementation="xla")
+    dw = gemm_lib.gemm(x, g, transpose_a=True, implementation="xla")
+  else:  # the kernels read the pieces where they are (no concatenation where they can)
+    g = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
+    dx = _pieces_gemm(
+        pieces, w, gemm_lib.gemm_problem(g, w, False, True, None, None, 0.0, None), implementation
+    )
+    dw = _pieces_gemm(
+        x, pieces, gemm_lib.gemm_problem(x, g, True, False, None, None, 0.0, None), implementation
+    )
+  dbias = None
+  if bias is not None:
+    dbias = jnp.concatenate([jnp.sum(p.astype(jnp.float32), axis=0) for p in pieces]).astype(
+        bias.dtype
+    )
   return dx, dw.astype(w.dtype), dbias
+
+
+def _pieces_gemm(a, b, problem_and_batch, implementation):
+  """The plain kernel GEMM of `a` and `b`, either of them a tuple of pieces (`kernel_gemm`)."""
+  problem, _ = problem_and_batch
+  return gemm_lib.kernel_gemm(
+      a,
+      b,
+      problem,
+      (),
+      epilogue_lib.EpilogueSpec(),
+      None,
+      None,
+      None,
+      interpret=implementation == "interpret",
+      autotune=None,
+  )
 
 
 _split.defvjp(_split_fwd, _split_bwd)
