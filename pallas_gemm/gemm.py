@@ -659,7 +659,9 @@ def kernel_gemm(
     raise ValueError("out_splits: one plain output only (no return_pre, amax or row_lse)")
   parts = {name: x for name, x in (("a", a), ("b", b)) if isinstance(x, tuple)}
   if parts:
-    extras = (out_splits, return_pre, amax, row_lse, residual_up, batch_shape, scalars)
+    extras = (return_pre, amax, row_lse, batch_shape) + tuple(
+        x is not None for x in (out_splits, residual_up, scalars)
+    )
     if any(extras) or any(x.ndim != 2 for pieces in parts.values() for x in pieces):
       raise ValueError(f"{' and '.join(parts)} in pieces: a plain 2-D GEMM only")
     a, b = (x[0] if isinstance(x, tuple) else x for x in (a, b))
