@@ -98,22 +98,11 @@ def _forward(x, w, labels, bias, implementation, config):
 def logits_and_lse(x, w, bias, implementation, config=None):
   """(logits (M, N) in x's dtype, f32 (M,) log-sum-exp of each row of them): the head's
   GEMM with `row_lse` in the kernel, or XLA's dot and `logsumexp`."""
-  problem, batch_shape = gemm_lib.gemm_problem(x, w, False, False, bias, None, 0.0, None)
-  spec = epilogue_lib.EpilogueSpec()
+  problem, _ = gemm_lib.gemm_problem(x, w, False, False, bias, None, 0.0, None)
   if implementation == "xla":
-    return gemm_lib.xla_gemm(x, w, problem, spec, bias, None, row_lse=True)
-  return gemm_lib.kernel_gemm(
-      x,
-      w,
-      problem,
-      batch_shape,
-      spec,
-      bias,
-      None,
-      config,
-      interpret=implementation == "interpret",
-      autotune=None,
-      row_lse=True,
+    return gemm_lib.xla_gemm(x, w, problem, epilogue_lib.EpilogueSpec(), bias, None, row_lse=True)
+  return gemm_lib.plain_kernel_gemm(
+      x, w, problem, bias=bias, config=config, interpret=implementation == "interpret", row_lse=True
   )
 
 

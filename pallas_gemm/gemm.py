@@ -578,6 +578,22 @@ def usable_config(config, problem):
   return config
 
 
+def plain_kernel_gemm(a, b, problem, *, bias=None, config=None, interpret=False, **results):
+  """`kernel_gemm` of a 2-D `problem` whose epilogue adds `bias` at most; `results` as
+  kernel_gemm's (`row_lse`, `out_splits`), `a` or `b` in pieces as there.
+
+  >>> import jax.numpy as jnp
+  >>> x = jnp.ones((128, 64), jnp.bfloat16); w = jnp.ones((64, 128), jnp.bfloat16)
+  >>> problem, _ = gemm_problem(x, w, False, False, None, None, 0.0, None)
+  >>> float(plain_kernel_gemm(x, w, problem, interpret=True)[0, 0])
+  64.0
+  """
+  spec = epilogue_lib.EpilogueSpec()
+  return kernel_gemm(
+      a, b, problem, (), spec, bias, None, config, interpret=interpret, autotune=None, **results
+  )
+
+
 def _pieces_readable(pieces, box, whole_rows, interpret) -> bool:
   """Whether the kernel can read an operand's `pieces` (side by side along the minor dim)
   where they are: each a whole number of `box` columns (a TMA box never straddles two),

@@ -946,24 +946,13 @@ def _launch(
         for width in problem.out_splits
     )
   extra_params = {}
-  if problem.amax:
+  if problem.amax or problem.row_lse:  # per warpgroup column tile and row: (batch, j, [2,] r)
     cm, cn = config.cluster
-    amax_shape = (
-        *lead,
-        plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
-        plan.cluster_tiles[0] * cm * config.tile_m,
-    )
-    out_type += (jax.ShapeDtypeStruct(amax_shape, jnp.float32),)
-  if problem.row_lse:
-    cm, cn = config.cluster
-    lse_shape = (
-        *lead,
-        plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1],
-        2,
-        plan.cluster_tiles[0] * cm * config.tile_m,
-    )
-    out_type += (jax.ShapeDtypeStruct(lse_shape, jnp.float32),)
-  if problem.amax or problem.row_lse:
+    col_tiles = plan.cluster_tiles[1] * cn * config.tile_n // config.wg_tile[1]
+    rows = plan.cluster_tiles[0] * cm * config.tile_m
+    for stats, present in (((), problem.amax), ((2,), problem.row_lse)):
+      if present:
+        out_type += (jax.ShapeDtypeStruct((*lead, col_tiles, *stats, rows), jnp.float32),)
     # Row reductions stay inside warps: no cross-warp reduction scratch is needed.
     extra_params["reduction_scratch_bytes"] = 0
   if all_gather:  # the chunks received (and forwarded)

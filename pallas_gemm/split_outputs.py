@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_gemm import _compat
-from pallas_gemm import epilogue as epilogue_lib
 from pallas_gemm import gemm as gemm_lib
 from pallas_gemm import route
 from pallas_gemm.config import GemmConfig
@@ -82,18 +81,9 @@ def _split(x, w, bias, sizes, implementation, config):
     starts = [sum(sizes[:i]) for i in range(1, len(sizes))]
     return tuple(jnp.split(y, starts, axis=-1))
   problem, _ = gemm_lib.gemm_problem(x, w, False, False, bias, None, 0.0, None)
-  return gemm_lib.kernel_gemm(
-      x,
-      w,
-      problem,
-      (),
-      epilogue_lib.EpilogueSpec(),
-      bias,
-      None,
-      config,
-      interpret=implementation == "interpret",
-      autotune=None,
-      out_splits=sizes,
+  interpret = implementation == "interpret"
+  return gemm_lib.plain_kernel_gemm(
+      x, w, problem, bias=bias, config=config, interpret=interpret, out_splits=sizes
   )
 
 
@@ -111,35 +101,17 @@ def _split_bwd(sizes, implementation, config, saved, grads):
     dw = gemm_lib.gemm(x, g, transpose_a=True, implementation="xla")
   else:  # the kernels read the pieces where they are (no concatenation where they can)
     g = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
-    dx = _pieces_gemm(
-        pieces, w, gemm_lib.gemm_problem(g, w, False, True, None, None, 0.0, None), implementation
-    )
-    dw = _pieces_gemm(
-        x, pieces, gemm_lib.gemm_problem(x, g, True, False, None, None, 0.0, None), implementation
-    )
+    interpret = implementation == "interpret"
+    problem, _ = gemm_lib.gemm_problem(g, w, False, True, None, None, 0.0, None)
+    dx = gemm_lib.plain_kernel_gemm(pieces, w, problem, interpret=interpret)
+    problem, _ = gemm_lib.gemm_problem(x, g, True, False, None, None, 0.0, None)
+    dw = gemm_lib.plain_kernel_gemm(x, pieces, problem, interpret=interpret)
   dbias = None
   if bias is not None:
     dbias = jnp.concatenate([jnp.sum(p.astype(jnp.float32), axis=0) for p in pieces]).astype(
         bias.dtype
     )
   return dx, dw.astype(w.dtype), dbias
-
-
-def _pieces_gemm(a, b, problem_and_batch, implementation):
-  """The plain kernel GEMM of `a` and `b`, either of them a tuple of pieces (`kernel_gemm`)."""
-  problem, _ = problem_and_batch
-  return gemm_lib.kernel_gemm(
-      a,
-      b,
-      problem,
-      (),
-      epilogue_lib.EpilogueSpec(),
-      None,
-      None,
-      None,
-      interpret=implementation == "interpret",
-      autotune=None,
-  )
 
 
 _split.defvjp(_split_fwd, _split_bwd)
