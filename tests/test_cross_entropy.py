@@ -145,24 +145,20 @@ def test_lowers_for_cuda():
     ],
 )
 def test_bad_arguments_are_named(change, error, match):
-  args = dict(
-      x=jnp.ones((4, 8), jnp.bfloat16),
-      w=jnp.ones((8, 16), jnp.bfloat16),
-      labels=jnp.zeros((4,), jnp.int32),
-      bias=None,
-      implementation="xla",
-      config=None,
+  args = (
+      dict(
+          x=jnp.ones((4, 8), jnp.bfloat16),
+          w=jnp.ones((8, 16), jnp.bfloat16),
+          labels=jnp.zeros((4,), jnp.int32),
+          bias=None,
+          implementation="xla",
+          config=None,
+      )
+      | change
   )
-  args.update(change)
+  x, w, labels = args.pop("x"), args.pop("w"), args.pop("labels")
   with pytest.raises(error, match=match):
-    head_cross_entropy(
-        args["x"],
-        args["w"],
-        args["labels"],
-        bias=args["bias"],
-        implementation=args["implementation"],
-        config=args["config"],
-    )
+    head_cross_entropy(x, w, labels, **args)
 
 
 @pytest.mark.gpu

@@ -134,24 +134,20 @@ def test_the_backward_reads_the_pieces_where_they_are():
     ],
 )
 def test_bad_arguments_are_named(change, error, match):
-  args = dict(
-      x=jnp.ones((4, 8), jnp.bfloat16),
-      w=jnp.ones((8, 16), jnp.bfloat16),
-      sizes=(8, 8),
-      bias=None,
-      implementation="xla",
-      config=None,
+  args = (
+      dict(
+          x=jnp.ones((4, 8), jnp.bfloat16),
+          w=jnp.ones((8, 16), jnp.bfloat16),
+          sizes=(8, 8),
+          bias=None,
+          implementation="xla",
+          config=None,
+      )
+      | change
   )
-  args.update(change)
+  x, w, sizes = args.pop("x"), args.pop("w"), args.pop("sizes")
   with pytest.raises(error, match=match):
-    matmul_split(
-        args["x"],
-        args["w"],
-        args["sizes"],
-        bias=args["bias"],
-        implementation=args["implementation"],
-        config=args["config"],
-    )
+    matmul_split(x, w, sizes, **args)
 
 
 @pytest.mark.gpu
