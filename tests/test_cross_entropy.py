@@ -7,6 +7,8 @@ XLA), the lowering for CUDA, and the argument checks; on a Hopper GPU the kernel
 (true edge tiles, large vocabularies). `benchmarks.head_loss` times it.
 """
 
+import hypothesis
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from pallas_gemm import GemmConfig
 from pallas_gemm.cross_entropy import head_cross_entropy, logits_and_lse
 from pallas_gemm.epilogue import combine_row_lse
 
+from hypothesis_budget import examples
 from interpret_support import hang_guard  # noqa: F401 (autouse)
 
 
@@ -105,17 +108,6 @@ def test_kernel_split_k_in_the_interpreter():
   _check("interpret", *_inputs(64, 256, 200, seed=3), config=config)
 
 
-def test_kernel_stats_are_per_column_tile_and_combine():
-  # Two column tiles of one row, put together as the kernel's output is.
-  y = np.array([[0.5, -1.0, 3.0, 2.0, -4.0, 0.0]])
-  parts = []
-  for cols in (slice(0, 3), slice(3, 6)):
-    m = y[:, cols].max(axis=1)
-    parts.append(np.stack([m, np.exp(y[:, cols] - m[:, None]).sum(axis=1)]))
-  got = combine_row_lse(jnp.asarray(np.stack(parts), jnp.float32))
-  np.testing.assert_allclose(got, np.log(np.exp(y).sum(axis=1)), rtol=1e-6)
-
-
 def test_lowers_for_cuda():
   x, w, labels, b = _inputs(1000, 256, 1200)
 
@@ -173,3 +165,20 @@ def test_bad_arguments_are_named(change, error, match):
 )
 def test_kernel_on_the_gpu(m, k, n, lead, bias):
   _check("pallas", *_inputs(m, k, n, lead=lead, bias=bias))
+
+
+@hypothesis.settings(max_examples=examples(30), deadline=None)
+@hypothesis.given(
+    st.lists(st.floats(-60, 60, width=32), min_size=1, max_size=40), st.integers(1, 8)
+)
+def test_combined_parts_are_the_log_sum_exp_for_any_tiling(values, width):
+  # Any cut of a row into column tiles, tile maxima and sums as the kernel keeps them.
+  y = np.asarray(values, np.float64)[None]
+  parts = []
+  for start in range(0, y.shape[1], width):
+    tile = y[:, start : start + width]
+    top = tile.max(axis=1)
+    parts.append(np.stack([top, np.exp(tile - top[:, None]).sum(axis=1)]))
+  got = combine_row_lse(jnp.asarray(np.stack(parts), jnp.float32))
+  top = y.max()
+  np.testing.assert_allclose(got, [top + np.log(np.exp(y - top).sum())], rtol=1e-5, atol=1e-5)

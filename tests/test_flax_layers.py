@@ -285,3 +285,22 @@ def test_blockwise_fp8_linear_layer_tracks_nnx_linear():
   assert _rel_err(g.kernel[...], g_ref.kernel[...]) < 6e-2
   with pytest.raises(TypeError, match="fp8_dtype must be"):
     pflax.BlockwiseFp8Linear(8, 8, fp8_dtype=jnp.int8, rngs=nnx.Rngs(0))
+
+
+def test_linear_split_and_cross_entropy_match_the_layer_output():
+  # `Linear.split` (an attention's q, k, v) and `Linear.cross_entropy` (an LM head's loss)
+  # are the layer's own output, split, or fed to optax's loss.
+  optax = pytest.importorskip("optax")
+  layer = pflax.Linear(32, 96, dtype=jnp.bfloat16, implementation="xla", rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 5, 32), jnp.bfloat16)
+  whole = layer(x)
+  for got, want in zip(layer.split(x, (64, 16, 16)), jnp.split(whole, [64, 80], axis=-1)):
+    np.testing.assert_array_equal(got, want)
+  labels = jax.random.randint(jax.random.key(2), (2, 5), 0, 96)
+  want = optax.softmax_cross_entropy_with_integer_labels(whole.astype(jnp.float32), labels)
+  np.testing.assert_allclose(layer.cross_entropy(x, labels), want, rtol=1e-5, atol=1e-5)
+  gelu = pflax.Linear(32, 96, activation="gelu", implementation="xla", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="activation must be None"):
+    gelu.split(x, (48, 48))
+  with pytest.raises(ValueError, match="activation must be None"):
+    gelu.cross_entropy(x, labels)
