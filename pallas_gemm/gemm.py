@@ -673,6 +673,8 @@ def kernel_gemm(
     )
   if out_splits is not None and (return_pre or amax or row_lse or residual_up is not None):
     raise ValueError("out_splits: one plain output only (no return_pre, amax or row_lse)")
+  if interpret:  # an error, not a hang, where this jax's interpreter cannot run them
+    _compat.require_interpret_transposes(problem.transpose_a, problem.transpose_b)
   parts = {name: x for name, x in (("a", a), ("b", b)) if isinstance(x, tuple)}
   if parts:
     extras = (return_pre, amax, row_lse, batch_shape) + tuple(

@@ -19,7 +19,7 @@ from pallas_gemm.cross_entropy import head_cross_entropy, logits_and_lse
 from pallas_gemm.epilogue import combine_row_lse
 
 from hypothesis_budget import examples
-from interpret_support import hang_guard  # noqa: F401 (autouse)
+from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
 
 def _inputs(m, k, n, *, seed=0, lead=None, dtype=jnp.bfloat16, bias=True):
@@ -92,6 +92,7 @@ def test_xla_path_matches_optax_on_the_same_logits():
 
 
 @pytest.mark.interpret
+@needs_transposes  # the backward's GEMMs
 @pytest.mark.parametrize(
     "m, k, n, lead, bias",
     [(100, 64, 300, None, True), (64, 128, 520, (2, 32), False)],
@@ -102,6 +103,7 @@ def test_kernel_in_the_interpreter(m, k, n, lead, bias):
 
 
 @pytest.mark.interpret
+@needs_transposes
 def test_kernel_split_k_in_the_interpreter():
   # Partial sums in the kernel; the log-sum-exp of the stored logits in XLA after the sum.
   config = GemmConfig(tile_m=64, tile_n=128, wg_split="n", split_k=2)
