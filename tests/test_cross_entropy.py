@@ -21,6 +21,8 @@ from pallas_gemm.epilogue import combine_row_lse
 from hypothesis_budget import examples
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
+slow = pytest.mark.slow  # a further case: CI runs it on the GPU machine's jax only
+
 
 def _inputs(m, k, n, *, seed=0, lead=None, dtype=jnp.bfloat16, bias=True):
   rng = np.random.default_rng(seed)
@@ -95,7 +97,7 @@ def test_xla_path_matches_optax_on_the_same_logits():
 @needs_transposes  # the backward's GEMMs
 @pytest.mark.parametrize(
     "m, k, n, lead, bias",
-    [(100, 64, 300, None, True), (64, 128, 520, (2, 32), False)],
+    [(100, 64, 300, None, True), pytest.param(64, 128, 520, (2, 32), False, marks=slow)],
     ids=["odd-rows-and-columns", "batched-lead"],
 )
 def test_kernel_in_the_interpreter(m, k, n, lead, bias):
@@ -104,6 +106,7 @@ def test_kernel_in_the_interpreter(m, k, n, lead, bias):
 
 @pytest.mark.interpret
 @needs_transposes
+@slow
 def test_kernel_split_k_in_the_interpreter():
   # Partial sums in the kernel; the log-sum-exp of the stored logits in XLA after the sum.
   config = GemmConfig(tile_m=64, tile_n=128, wg_split="n", split_k=2)

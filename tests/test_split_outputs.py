@@ -18,6 +18,8 @@ from pallas_gemm.split_outputs import matmul_split
 
 from interpret_support import hang_guard, needs_transposes  # noqa: F401 (hang_guard: autouse)
 
+slow = pytest.mark.slow  # a further case: CI runs it on the GPU machine's jax only
+
 
 def _inputs(m, k, n, seed=0, bias=True):
   rng = np.random.default_rng(seed)
@@ -61,7 +63,11 @@ def test_xla_path_against_float64():
 
 @pytest.mark.interpret
 @needs_transposes  # the backward's GEMMs
-@pytest.mark.parametrize("sizes", [(96, 64, 96), (100, 156)], ids=["stored-apart", "split-in-xla"])
+@pytest.mark.parametrize(
+    "sizes",
+    [(96, 64, 96), pytest.param((100, 156), marks=slow)],
+    ids=["stored-apart", "split-in-xla"],
+)
 def test_kernel_in_the_interpreter(sizes):
   # 32-column epilogue chunks; (100, 156) is not whole chunks: one output, split after.
   config = GemmConfig(tile_m=64, tile_n=128, wg_split="n", epilogue_tile=(64, 32))
@@ -84,7 +90,7 @@ def test_the_kernel_stores_each_piece_apart():
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("which, split_k", [("a", 1), ("b", 1), ("a", 2)])
+@pytest.mark.parametrize("which, split_k", [("a", 1), ("b", 1), pytest.param("a", 2, marks=slow)])
 def test_kernel_reads_an_operand_in_pieces_in_the_interpreter(which, split_k):
   # A (128, 256) in pieces along K, or B (256, 256) along N: each box from one piece
   # (with split-K, each K slice's boxes).
