@@ -53,26 +53,16 @@ def head_cross_entropy(
     f32 (...) losses; differentiable in x, w and bias (the backward's GEMMs run in
     `implementation` too).
   """
-  if implementation not in gemm_lib.IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
-    )
-  if config is not None and not isinstance(config, GemmConfig):
-    raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
   x, w, labels = jnp.asarray(x), jnp.asarray(w), jnp.asarray(labels)
   if x.dtype.name not in HEAD_DTYPES or w.dtype != x.dtype:
     raise TypeError(f"x and w must share one of {HEAD_DTYPES}; got {x.dtype} and {w.dtype}")
-  if x.ndim < 1 or w.ndim != 2 or w.shape[0] != x.shape[-1]:
-    raise ValueError(f"x (..., K) and w (K, N) must agree on K; got {x.shape} and {w.shape}")
+  gemm_lib.check_projection(x, w, bias, implementation, config)
+  bias = None if bias is None else jnp.asarray(bias)
   if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.shape != x.shape[:-1]:
     raise ValueError(
         f"labels must be integers of x's leading shape {x.shape[:-1]}; got {labels.dtype} "
         f"{labels.shape}"
     )
-  if bias is not None:
-    bias = jnp.asarray(bias)
-    if bias.shape != (w.shape[1],):
-      raise ValueError(f"bias must be (N,) = ({w.shape[1]},), got {bias.shape}")
   if implementation is None:
     implementation = "pallas" if _compat.on_hopper() else "xla"
   if implementation == "auto":
@@ -117,9 +107,8 @@ def _loss_bwd(implementation, config, residuals, g):
   onehot = columns == labels[:, None].astype(jnp.int32)
   probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])
   dlogits = ((probs - onehot) * g[:, None]).astype(x.dtype)
-  gemm_impl = "xla" if implementation == "xla" else implementation
-  dx = gemm_lib.gemm(dlogits, w, transpose_b=True, implementation=gemm_impl)
-  dw = gemm_lib.gemm(x, dlogits, transpose_a=True, implementation=gemm_impl)
+  dx = gemm_lib.gemm(dlogits, w, transpose_b=True, implementation=implementation)
+  dw = gemm_lib.gemm(x, dlogits, transpose_a=True, implementation=implementation)
   dbias = None
   if bias is not None:
     dbias = jnp.sum(dlogits.astype(jnp.float32), axis=0).astype(bias.dtype)

@@ -64,6 +64,13 @@ from pallas_gemm.perceptron import mlp
 from pallas_gemm.scaled import BACKWARDS, fp8_linear
 
 
+def _linear_operands(layer: nnx.Linear, inputs):
+  """(inputs, kernel, bias or None) of an `nnx.Linear` promoted to its dtype, as its own
+  call does."""
+  bias = layer.bias[...] if layer.bias is not None else None
+  return layer.promote_dtype((inputs, layer.kernel[...], bias), dtype=layer.dtype)
+
+
 class Linear(nnx.Linear):
   """`nnx.Linear` with the bias and an activation fused into the kernel's epilogue.
 
@@ -96,8 +103,7 @@ class Linear(nnx.Linear):
     out_features), added in the kernel's epilogue (e.g. a transformer block's skip);
     `scalar`, for an activation `with_operands(fn, ..., "scalar")` (a learned
     temperature, say: pass an `nnx.Param`'s value)."""
-    bias = self.bias[...] if self.bias is not None else None
-    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    inputs, kernel, bias = _linear_operands(self, inputs)
     y = dense(
         inputs,
         kernel,
@@ -118,8 +124,7 @@ class Linear(nnx.Linear):
     attention's q, k and v without the copies `jnp.split` makes; no activation)."""
     if self.activation is not None:
       raise ValueError(f"split: activation must be None, not {self.activation}")
-    bias = self.bias[...] if self.bias is not None else None
-    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    inputs, kernel, bias = _linear_operands(self, inputs)
     return matmul_split(inputs, kernel, sizes, bias=bias, implementation=self.implementation)
 
   def cross_entropy(self, inputs, labels):
@@ -130,8 +135,7 @@ class Linear(nnx.Linear):
       raise ValueError(
           f"cross_entropy reads logits: activation must be None, not {self.activation}"
       )
-    bias = self.bias[...] if self.bias is not None else None
-    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    inputs, kernel, bias = _linear_operands(self, inputs)
     return head_cross_entropy(inputs, kernel, labels, bias=bias, implementation=self.implementation)
 
 
@@ -151,8 +155,7 @@ class _TensorParallelLinear(Linear):
   def __call__(self, inputs):
     """The layer on `inputs` (..., in_features); the leading dims are flattened into the
     GEMM's rows (they must flatten without a reshard: shard the leading one)."""
-    bias = self.bias[...] if self.bias is not None else None
-    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    inputs, kernel, bias = _linear_operands(self, inputs)
     lead = inputs.shape[:-1]
     y = self._collective(
         inputs.reshape(-1, inputs.shape[-1]),
@@ -353,8 +356,7 @@ class BlockwiseFp8Linear(nnx.Linear):
     lowering_pool.start(implementation)
 
   def __call__(self, inputs, out_sharding=None):
-    bias = self.bias[...] if self.bias is not None else None
-    inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias), dtype=self.dtype)
+    inputs, kernel, bias = _linear_operands(self, inputs)
     y = blockwise_fp8_linear(
         inputs, kernel, bias, dtype=self.fp8_dtype, implementation=self.implementation
     )

@@ -302,6 +302,27 @@ def gemm_problem(a, b, transpose_a, transpose_b, bias, c, beta, out_dtype):
   return problem, batch_shape
 
 
+def check_projection(x, w, bias, implementation, config) -> None:
+  """Raises naming the first of a projection's arguments that breaks its rule: x (..., K)
+  and w (K, N) agreeing on K, bias (N,) or None, `implementation` and `config` as
+  `gemm`'s (`cross_entropy`, `split_outputs`).
+
+  >>> import jax.numpy as jnp
+  >>> check_projection(jnp.ones((2, 3)), jnp.ones((4, 5)), None, None, None)
+  Traceback (most recent call last):
+  ...
+  ValueError: x (..., K) and w (K, N) must agree on K; got (2, 3) and (4, 5)
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if config is not None and not isinstance(config, GemmConfig):
+    raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+  if x.ndim < 1 or w.ndim != 2 or w.shape[0] != x.shape[-1]:
+    raise ValueError(f"x (..., K) and w (K, N) must agree on K; got {x.shape} and {w.shape}")
+  if bias is not None and jnp.shape(bias) != (w.shape[1],):
+    raise ValueError(f"bias must be (N,) = ({w.shape[1]},), got {jnp.shape(bias)}")
+
+
 def check_extras(problem, batch_shape, row_bias, residual):
   """Checks row_bias and residual (`operands.OPERANDS`); returns the problem with them
   recorded."""

@@ -48,22 +48,13 @@ def matmul_split(
   Returns:
     a tuple of (..., size) arrays of x's dtype; differentiable in x, w and bias.
   """
-  if implementation not in gemm_lib.IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation must be one of {gemm_lib.IMPLEMENTATIONS}, got {implementation!r}"
-    )
   x, w = jnp.asarray(x), jnp.asarray(w)
   if x.dtype.name not in ("bfloat16", "float16") or w.dtype != x.dtype:
     raise TypeError(f"x and w must share bf16 or f16; got {x.dtype} and {w.dtype}")
-  if x.ndim < 1 or w.ndim != 2 or w.shape[0] != x.shape[-1]:
-    raise ValueError(f"x (..., K) and w (K, N) must agree on K; got {x.shape} and {w.shape}")
+  gemm_lib.check_projection(x, w, bias, implementation, config)
   sizes = tuple(sizes)
   if not sizes or any(not isinstance(s, int) or s <= 0 for s in sizes) or sum(sizes) != w.shape[1]:
     raise ValueError(f"sizes must be positive ints summing to N={w.shape[1]}, got {sizes}")
-  if config is not None and not isinstance(config, GemmConfig):
-    raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
-  if bias is not None and jnp.shape(bias) != (w.shape[1],):
-    raise ValueError(f"bias must be (N,) = ({w.shape[1]},), got {jnp.shape(bias)}")
   lead = x.shape[:-1]
   x2 = x.reshape(-1, x.shape[-1])
   problem, _ = gemm_lib.gemm_problem(x2, w, False, False, bias, None, 0.0, None)
