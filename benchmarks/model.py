@@ -654,12 +654,17 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
   )
-  p.add_argument("--arch", default="gpt,llama", help="comma-separated: gpt, llama")
+  p.add_argument(
+      "--arch",
+      default=None,
+      help="comma-separated: gpt, llama (default: both; a held-out preset's own arch)",
+  )
   p.add_argument(
       "--size",
       default=None,
-      choices=sorted(models.SIZES),
-      help="preset sizes (default: 'default' on a GPU, 'small' elsewhere)",
+      choices=sorted(models.SIZES) + sorted(models.HELDOUT),
+      help="preset sizes (default: 'default' on a GPU, 'small' elsewhere); the held-out "
+      "presets carry their arch",
   )
   for field in ("layers", "d_model", "heads", "kv_heads", "mlp", "vocab", "batch", "seq"):
     p.add_argument(
@@ -715,6 +720,12 @@ def parse_args(argv=None):
   p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
   p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  if args.size in models.HELDOUT:
+    own = models.HELDOUT[args.size].arch
+    if args.arch not in (None, own):
+      p.error(f"--size {args.size} is a {own} model: leave --arch out or pass {own}")
+    args.arch = own
+  args.arch = args.arch or "gpt,llama"
   if args.quantized and "xla" not in args.variants.split(","):
     p.error("--quantized quantizes the trained 'xla' variant: include it in --variants")
   if not set(args.quantized.split(",")) <= {"", "4", "8"}:
@@ -725,7 +736,8 @@ def parse_args(argv=None):
 def specs_from(args):
   from benchmarks import models
 
-  base = models.SIZES[args.size or ("default" if _on_gpu() else "small")]
+  size = args.size or ("default" if _on_gpu() else "small")
+  base = models.HELDOUT.get(size) or models.SIZES[size]
   overrides = {
       f: getattr(args, f)
       for f in ("layers", "d_model", "heads", "kv_heads", "mlp", "vocab", "batch", "seq")

@@ -112,6 +112,41 @@ SIZES = {
         layers=2, d_model=256, heads=4, kv_heads=4, mlp=512, vocab=512, batch=2, seq=32
     ),
 }
+HELDOUT = {
+    # Models the project was never tuned or measured on (chosen 2026-11-29, before their first
+    # run): public architectures' widths, truncated in depth where one H200 step would take
+    # long, each with its own arch.
+    "gpt2-small": ModelSpec(
+        layers=12, d_model=768, heads=12, kv_heads=12, mlp=3072, vocab=50304, batch=32, seq=512
+    ),
+    "gpt2-medium": ModelSpec(
+        layers=12, d_model=1024, heads=16, kv_heads=16, mlp=4096, vocab=50257, batch=16, seq=1024
+    ),
+    "llama3-3b-4l": ModelSpec(
+        arch="llama",
+        layers=4,
+        d_model=3072,
+        heads=24,
+        kv_heads=8,
+        mlp=8192,
+        vocab=128256,
+        batch=4,
+        seq=2048,
+    ),
+    "mistral-7b-2l": ModelSpec(
+        arch="llama",
+        layers=2,
+        d_model=4096,
+        heads=32,
+        kv_heads=8,
+        mlp=14336,
+        vocab=32768,
+        batch=2,
+        seq=4096,
+    ),
+}
+"""The held-out models (`python -m benchmarks.model --size gpt2-medium`): sizes the default
+config, the routes and the fusions were never fitted on. Each preset carries its arch."""
 LLAMA_DEFAULTS = dict(kv_heads=4, mlp=5632)
 """What `for_arch` changes for "llama": 4 KV heads (GQA), SwiGLU width ~2.75 d_model."""
 

@@ -51,6 +51,9 @@
 #                                         # the GPT model with decode routed whole
 #   bash benchmarks/run_device.sh models # both default models with sustained clock, power and
 #                                         # joules per step (issue 15's table; ~9 min)
+#   bash benchmarks/run_device.sh heldout_models [SIZE...]  # the held-out models
+#                                         # (benchmarks.models.HELDOUT), all variants, compiles
+#                                         # in one process (~2.5 min a model)
 #   bash benchmarks/run_device.sh par MODE...  # several GPUs: MODE i on GPU i, all at once
 #                                         # (each its own process, $OUT/MODE and power samples),
 #                                         # then every MODE's summary
@@ -232,11 +235,20 @@ case "${1:-}" in
     step model_llama 280 6 python -u -m benchmarks.model --arch llama --power 5 --loss-steps 10 \
       --json "$OUT/model_llama.json"
     ;;
+  heldout_models)  # MODEL... (default: all four of benchmarks.models.HELDOUT; ~2.5 min each)
+    shift
+    for size in "${@:-gpt2-small gpt2-medium llama3-3b-4l mistral-7b-2l}"; do
+      for one in $size; do
+        step "model_$one" 240 8 python -u -m benchmarks.model --size "$one" --in-process \
+          --loss-steps 5 --decode 1,16 --sources 3 --json "$OUT/model_$one.json"
+      done
+    done
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|heldout_models|calibrate" >&2
     exit 2
     ;;
 esac

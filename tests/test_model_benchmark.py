@@ -119,3 +119,21 @@ def test_default_size_is_about_half_a_billion_parameters(arch):
   assert 0.4e9 < params < 0.6e9, params
   embedding = spec.vocab * spec.d_model  # a lookup, no FLOPs
   assert spec.tokens == 16384 and spec.train_flops > 6 * (params - embedding) * spec.tokens
+
+
+def test_heldout_presets_carry_their_arch(capsys):
+  args = harness.parse_args(["--size", "llama3-3b-4l", "--batch", "1"])
+  (spec,) = harness.specs_from(args)
+  assert (spec.arch, spec.kv_heads, spec.vocab, spec.batch) == ("llama", 8, 128256, 1)
+  with pytest.raises(SystemExit):
+    harness.parse_args(["--size", "gpt2-medium", "--arch", "llama"])
+  assert "is a gpt model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(models.HELDOUT))
+def test_heldout_models_build(name):
+  from flax import nnx
+
+  spec = models.HELDOUT[name]
+  abstract = nnx.eval_shape(lambda: models.Decoder(spec, "fused", nnx.Rngs(0)))
+  assert harness.count_params(nnx.state(abstract, nnx.Param)) > 0.1e9
