@@ -147,6 +147,34 @@ HELDOUT = {
 }
 """The held-out models (`python -m benchmarks.model --size gpt2-medium`): sizes the default
 config, the routes and the fusions were never fitted on. Each preset carries its arch."""
+
+
+def projection_gemms(spec: ModelSpec) -> list[dict]:
+  """The distinct GEMMs of one training step's projections through an injected `dot_general`,
+  as sweep shapes (`pallas_gemm/shapes/NAME.json` rows): each projection forward (NN), its dX
+  (NT) and its dW (TN); llama's gate and up are two GEMMs here, as `nnx.Linear` runs them.
+
+  >>> [(g["name"], g["m"], g["n"], g["k"], g["layout"]) for g in projection_gemms(
+  ...     SIZES["small"])][:3]
+  [('qkv', 64, 768, 256, 'NN'), ('qkv dX', 64, 256, 768, 'NT'), ('qkv dW', 256, 768, 64, 'TN')]
+  """
+  d, t = spec.d_model, spec.tokens
+  projections = [("qkv", d, (spec.heads + 2 * spec.kv_heads) * spec.head_dim), ("out", d, d)]
+  projections += [("up", d, spec.mlp)] if spec.arch == "gpt" else [("gate, up", d, spec.mlp)]
+  projections += [("down", spec.mlp, d), ("head", d, spec.vocab)]
+  out, seen = [], set()
+  for name, din, dout in projections:
+    for suffix, m, n, k, layout in (
+        ("", t, dout, din, "NN"),
+        (" dX", t, din, dout, "NT"),
+        (" dW", din, dout, t, "TN"),
+    ):
+      if (m, n, k, layout) not in seen:
+        seen.add((m, n, k, layout))
+        out.append(dict(name=name + suffix, m=m, n=n, k=k, layout=layout))
+  return out
+
+
 LLAMA_DEFAULTS = dict(kv_heads=4, mlp=5632)
 """What `for_arch` changes for "llama": 4 KV heads (GQA), SwiGLU width ~2.75 d_model."""
 

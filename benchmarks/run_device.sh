@@ -54,6 +54,8 @@
 #   bash benchmarks/run_device.sh heldout_models [SIZE...]  # the held-out models
 #                                         # (benchmarks.models.HELDOUT), all variants, compiles
 #                                         # in one process (~2.5 min a model)
+#   bash benchmarks/run_device.sh heldout_model_gemms  # their projections' GEMMs alone
+#                                         # (pallas_gemm/shapes/heldout_models.json; ~6 min)
 #   bash benchmarks/run_device.sh par MODE...  # several GPUs: MODE i on GPU i, all at once
 #                                         # (each its own process, $OUT/MODE and power samples),
 #                                         # then every MODE's summary
@@ -244,11 +246,15 @@ case "${1:-}" in
       done
     done
     ;;
+  heldout_model_gemms)  # the held-out models' projection GEMMs against jnp.dot (~6 min)
+    step sweep_heldout_models 560 3 python -u -m benchmarks.matmul --sweep heldout_models \
+      --budget-s 500 --out "$OUT/heldout_models"
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|heldout_models|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|heldout_models|heldout_model_gemms|calibrate" >&2
     exit 2
     ;;
 esac

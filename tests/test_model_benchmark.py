@@ -137,3 +137,15 @@ def test_heldout_models_build(name):
   spec = models.HELDOUT[name]
   abstract = nnx.eval_shape(lambda: models.Decoder(spec, "fused", nnx.Rngs(0)))
   assert harness.count_params(nnx.state(abstract, nnx.Param)) > 0.1e9
+
+
+def test_heldout_models_sweep_is_their_projection_gemms():
+  from pallas_gemm import shapes
+
+  want = []
+  for name, spec in models.HELDOUT.items():
+    for gemm in models.projection_gemms(spec):
+      if (gemm["m"], gemm["n"], gemm["k"], gemm["layout"]) not in {s[1:] for s in want}:
+        want.append((f"{name} {gemm['name']}", gemm["m"], gemm["n"], gemm["k"], gemm["layout"]))
+  have = [(s.m, s.n, s.k, s.layout) for s in shapes.load_sweep("heldout_models")]
+  assert have == [w[1:] for w in want]
