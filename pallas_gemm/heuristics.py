@@ -10,6 +10,7 @@ predicts a config's time; `default_config` returns the fastest prediction.
 The model (seconds):
 
     core = waves * (k_steps * STEP[tile, cluster] + TILE_FIXED_S (+ CLUSTER_FIXED_S))
+           (with a tail split: the whole waves, then one K slice + TAIL_FIXED_S)
     hbm  = unique / (active CTAs * CTA_BYTES_PER_S) + unique / HBM_BYTES_PER_S
     time = max(core, hbm) + LAUNCH_S  (+ the split-K reduction)
 
@@ -124,6 +125,12 @@ TIE_MARGIN = 0.01
 """Predictions within this fraction of the fastest count as ties, which go to the
 larger tile (`_preference`): memory-bound problems predict many configs alike, and
 the largest tiles are the best-tested ones (the fit's regret is lowest at 1%)."""
+
+TAIL_FIXED_S = 13e-6
+"""What a tail split's K slices (`split_tail`) cost beyond their K steps: the contributors'
+f32 partials stored and read back by the finisher, and the slices of one tile reading the
+operands at different K offsets (L2 misses, NOTES exp. 102). The median over the six bf16
+tail splits of NOTES exp. 125 (8.8-18.9 us each, their measured time over the model's)."""
 
 SPLIT_REDUCE_FIXED_S = 2.0e-6
 REDUCE_BYTES_PER_S = 3.0e12
@@ -353,8 +360,10 @@ def estimate(
     num_sms: int = DEFAULT_NUM_SMS,
     params: Params = Params(),
     steps: dict = STEP_S,
+    tail_model: bool = True,
 ) -> float:
-  """Predicted seconds of `config` on `problem` (the model of the module docstring).
+  """Predicted seconds of `config` on `problem` (the model of the module docstring;
+  `tail_model=False`: as if `split_tail` gave no config a tail split, the model before it).
 
   >>> p = GemmProblem(m=4096, n=4096, k=4096)
   >>> round(estimate(p, GemmConfig(cluster=(2, 1))) * 1e6)   # measured ~175 us
@@ -363,7 +372,12 @@ def estimate(
   waves, k_iters, splits, units = _work(problem, config, num_sms)
   step = steps[_step_key(config)]
   fixed = params.tile_fixed_s + (params.cluster_fixed_s if config.cluster[0] > 1 else 0.0)
-  core = waves * (k_iters * step + fixed)
+  tail = tail_plan(problem, config, num_sms) if tail_model else None
+  if tail is None:
+    core = waves * (k_iters * step + fixed)
+  else:  # the whole waves, then one K slice of the last wave's tiles
+    core = tail.dp_tiles_per_worker * (k_iters * step + fixed)
+    core += tiles(k_iters, tail.slices) * step + fixed + TAIL_FIXED_S
   in_bytes = _itemsize(problem.dtype)
   out_elems = problem.batch * problem.m * problem.n
   out_bytes = out_elems * (4 * splits if splits > 1 else _itemsize(problem.out_dtype))
@@ -418,14 +432,24 @@ def split_tail(problem: GemmProblem, config: GemmConfig, num_sms: int) -> GemmCo
   >>> cfg.stream_k, cfg.split_tail
   (True, True)
   """
-  if config.schedule != "cooperative" or config.split_k != 1 or config.stream_k:
+  if tail_plan(problem, config, num_sms) is None:
     return config
+  return dataclasses.replace(config, stream_k=True, split_tail=True)
+
+
+def tail_plan(problem: GemmProblem, config: GemmConfig, num_sms: int):
+  """The `stream_k.TailSplit` that `split_tail` gives `config` on `problem`, or None.
+
+  >>> tail_plan(GemmProblem(m=2048, n=2112, k=7168), GemmConfig(tile_n=192, tile_k=64,
+  ...     cluster=(2, 1)), 132).slices   # 22 tail tiles on 66 clusters: 3 slices each
+  3
+  """
+  if config.schedule != "cooperative" or config.split_k != 1 or config.stream_k:
+    return None
   workers = (config.num_sms or num_sms) // config.cluster_size
   units = _work(problem, config, num_sms)[3] // config.cluster_size
   plan = stream_k.TailSplit.plan(units, workers, tiles(problem.k, config.tile_k))
-  if not plan.enabled or not plan.dp_tiles_per_worker:
-    return config
-  return dataclasses.replace(config, stream_k=True, split_tail=True)
+  return plan if plan.enabled and plan.dp_tiles_per_worker else None
 
 
 def pick(
@@ -434,10 +458,12 @@ def pick(
     hbm_scale: float,
     params: Params,
     wave_tile: bool = True,
+    tail_model: bool = True,
 ) -> GemmConfig:
   """The candidate the model with `params` (H100 values; scaled to the board here)
   predicts fastest: `default_config` with other parameters, to compare model variants
-  (`wave_tile=False`: among the candidates without `WAVE_TILE`).
+  (`wave_tile=False`: among the candidates without `WAVE_TILE`; `tail_model=False`:
+  ranked as if no tail split followed).
 
   >>> p = GemmProblem(m=8192, n=8192, k=8192)
   >>> pick(p, 132, 1.0, Params()) == default_config(p, 132, 1.0)
@@ -454,7 +480,10 @@ def pick(
         4,
     )
   return short_k_stores(
-      problem, choose([(estimate(problem, cfg, num_sms, params), cfg) for cfg in options])
+      problem,
+      choose(
+          [(estimate(problem, cfg, num_sms, params, tail_model=tail_model), cfg) for cfg in options]
+      ),
   )
 
 

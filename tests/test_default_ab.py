@@ -22,3 +22,12 @@ def test_only_refuses_a_label_that_is_no_case(capsys):
 
 def test_case_labels_name_batch_and_layout():
   assert default_ab.Case(1024, 16, 1024, batch=64).label == "64x1024x16x1024 NN"
+
+
+def test_tail_model_cases_are_the_picks_it_moves():
+  from benchmarks import tail_model
+  from pallas_gemm import heuristics
+
+  for case in tail_model.CASES:
+    moved = heuristics.default_config(case.problem(), 132, 1.0)
+    assert tail_model.before_config(case) != moved, case.label

@@ -85,10 +85,17 @@ def test_estimate_orders_waves_and_tiles():
   big = GemmProblem(m=8192, n=8192, k=8192)
   wide, narrow = heuristics.GemmConfig(), heuristics.GemmConfig(tile_n=64, stages=8)
   assert heuristics.estimate(big, wide) < heuristics.estimate(big, narrow)
-  # One more wave costs most of a wave's time (the launch and the HBM stream are shared).
+  # One more wave of whole tiles costs most of a wave's time (the launch and the HBM stream
+  # are shared)...
   one = GemmProblem(m=128 * 132, n=256, k=4096)
   two = GemmProblem(m=128 * 133, n=256, k=4096)
-  assert heuristics.estimate(two, wide) > 1.5 * heuristics.estimate(one, wide)
+  assert heuristics.estimate(two, wide, tail_model=False) > 1.5 * heuristics.estimate(one, wide)
+  # ...and with the tail split the default gives it, one K slice of the extra tile (64 steps
+  # in 5 slices of >= 12) and the split's fixed costs.
+  step = heuristics.STEP_S[(128, 256, 1)]
+  slice_s = 13 * step + heuristics.TILE_FIXED_S + heuristics.TAIL_FIXED_S
+  extra = heuristics.estimate(two, wide) - heuristics.estimate(one, wide)
+  assert extra == pytest.approx(slice_s, rel=1e-6)
 
 
 @settings(max_examples=examples(60), deadline=None)

@@ -1,0 +1,56 @@
+"""The time model with the tail split in it (`heuristics.estimate`: the whole waves, then
+one K slice of the last wave's tiles and `TAIL_FIXED_S`) against the pick of the model
+before it, and XLA (NOTES exp. 139).
+
+    python -m benchmarks.tail_model                 # on a Hopper GPU: the table
+    python -m benchmarks.tail_model                 # elsewhere: the plan only
+
+Contenders (`benchmarks.default_ab`): xla; the default; `before`, the pick of the model
+that ranked every config as if it ran whole tiles (then given its tail split, as the
+default was). The cases are every sweep shape whose pick the change moves on the H100 or
+the H200 (`pallas_gemm/shapes/*.json`, 2026-11-29): the four weight gradients of the
+held-out models that showed the gap first, then nine that no decision looked at.
+
+>>> default_plan(CASES[0])
+'64x256x64 s4 cooperative/n cluster 1x1 tail split'
+"""
+
+from __future__ import annotations
+
+from benchmarks import default_ab
+from benchmarks.default_ab import Case, default_plan
+from pallas_gemm import _compat, heuristics
+from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig
+
+CASES = (
+    Case(768, 3072, 16384, "TN"),  # heldout_models: seen before the change
+    Case(3072, 768, 16384, "TN"),
+    Case(1024, 3072, 16384, "TN"),
+    Case(3072, 3072, 8192, "TN"),
+    Case(2048, 3072, 16384, "TN"),  # models.json: the default llama's weight gradient
+    Case(2048, 27648, 5120),  # audit.json
+    Case(2048, 27648, 5120, "NT"),
+    Case(256, 27648, 5120),
+    Case(96, 27648, 5120),
+    Case(4096, 3584, 18944),  # heldout.json
+    Case(128, 28672, 8192),  # llm.json
+    Case(256, 28672, 8192),
+    Case(4097, 4097, 4097),  # odd.json
+)
+
+
+def before_config(case: Case) -> GemmConfig:
+  """The default as the model without the tail term picked it."""
+  problem = case.problem()
+  sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
+  hbm = _compat.hbm_scale()
+  picked = heuristics.pick(problem, sms, hbm, heuristics.Params(), tail_model=False)
+  return heuristics.split_tail(problem, picked, sms)
+
+
+def main(argv=None) -> int:
+  return default_ab.main(argv, __doc__.split("\n\n")[0], CASES, before_config, "before")
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
