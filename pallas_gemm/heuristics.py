@@ -126,11 +126,14 @@ TIE_MARGIN = 0.01
 larger tile (`_preference`): memory-bound problems predict many configs alike, and
 the largest tiles are the best-tested ones (the fit's regret is lowest at 1%)."""
 
-TAIL_FIXED_S = 13e-6
-"""What a tail split's K slices (`split_tail`) cost beyond their K steps: the contributors'
-f32 partials stored and read back by the finisher, and the slices of one tile reading the
-operands at different K offsets (L2 misses, NOTES exp. 102). The median over the six bf16
-tail splits of NOTES exp. 125 (8.8-18.9 us each, their measured time over the model's)."""
+TAIL_FIXED_S = 12e-6
+TAIL_SLICE_S = 1.7e-6
+"""What a tail split (`split_tail`) costs beyond its K steps: TAIL_FIXED_S + S *
+TAIL_SLICE_S for S slices a tile (the contributors' f32 partials stored and read back by
+the finisher; the slices of a tile reading the operands at S different K offsets, L2
+misses, NOTES exp. 102), added past the HBM bound. Least squares over 16 bf16 tail splits
+on the H200, each against the same problem's whole tiles (NOTES exps. 125 and 139):
+13-23 us at S = 2, 30-32 us at S = 11."""
 
 SPLIT_REDUCE_FIXED_S = 2.0e-6
 REDUCE_BYTES_PER_S = 3.0e12
@@ -377,7 +380,7 @@ def estimate(
     core = waves * (k_iters * step + fixed)
   else:  # the whole waves, then one K slice of the last wave's tiles
     core = tail.dp_tiles_per_worker * (k_iters * step + fixed)
-    core += tiles(k_iters, tail.slices) * step + fixed + TAIL_FIXED_S
+    core += tiles(k_iters, tail.slices) * step + fixed
   in_bytes = _itemsize(problem.dtype)
   out_elems = problem.batch * problem.m * problem.n
   out_bytes = out_elems * (4 * splits if splits > 1 else _itemsize(problem.out_dtype))
@@ -385,6 +388,8 @@ def estimate(
   active = min(units, num_sms)
   hbm = unique / (active * params.cta_bytes_per_s) + unique / params.hbm_bytes_per_s
   seconds = max(core, hbm) + params.launch_s
+  if tail is not None:
+    seconds += TAIL_FIXED_S + tail.slices * TAIL_SLICE_S
   if splits > 1:
     seconds += (
         SPLIT_REDUCE_FIXED_S

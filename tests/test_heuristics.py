@@ -94,6 +94,7 @@ def test_estimate_orders_waves_and_tiles():
   # in 5 slices of >= 12) and the split's fixed costs.
   step = heuristics.STEP_S[(128, 256, 1)]
   slice_s = 13 * step + heuristics.TILE_FIXED_S + heuristics.TAIL_FIXED_S
+  slice_s += 5 * heuristics.TAIL_SLICE_S
   extra = heuristics.estimate(two, wide) - heuristics.estimate(one, wide)
   assert extra == pytest.approx(slice_s, rel=1e-6)
 
