@@ -131,9 +131,9 @@ TAIL_SLICE_S = 1.7e-6
 """What a tail split (`split_tail`) costs beyond its K steps: TAIL_FIXED_S + S *
 TAIL_SLICE_S for S slices a tile (the contributors' f32 partials stored and read back by
 the finisher; the slices of a tile reading the operands at S different K offsets, L2
-misses, NOTES exp. 102), added past the HBM bound. Least squares over 16 bf16 tail splits
-on the H200, each against the same problem's whole tiles (NOTES exps. 125 and 139):
-13-23 us at S = 2, 30-32 us at S = 11."""
+misses, NOTES exp. 102), added past the HBM bound. A line through 13 bf16 tail splits on
+the H200, each against the same problem's whole tiles (NOTES exps. 125 and 139): 9-23 us
+at S = 2, 30-32 us at S = 11. Drawn after the fit, 10 moved picks: 1.011x in geomean."""
 
 SPLIT_REDUCE_FIXED_S = 2.0e-6
 REDUCE_BYTES_PER_S = 3.0e12
