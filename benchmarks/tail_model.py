@@ -11,8 +11,8 @@ default was). The cases: every sweep shape whose pick the change moves on the H1
 the H200 (`pallas_gemm/shapes/*.json`, 2026-11-29; the tail cost was fitted on them and
 on NOTES exp. 125's), then ten drawn at random after the fit from the shapes it moves.
 
->>> default_plan(CASES[0])
-'64x256x64 s4 cooperative/n cluster 1x1 tail split'
+>>> CASES[4].label, default_plan(CASES[4])
+('2048x3072x16384 TN', '128x256x64 s4 cooperative/n cluster 2x1 tail split')
 """
 
 from __future__ import annotations
