@@ -81,6 +81,11 @@ class ModelSpec:
           f"d_model ({self.d_model}) must be a multiple of heads ({self.heads}), "
           f"and heads of kv_heads ({self.kv_heads})"
       )
+    if self.arch == "llama" and self.head_dim % 2:
+      raise ValueError(
+          f"llama's rotary embedding rotates half of each head: head_dim (d_model / heads = "
+          f"{self.head_dim}) must be even"
+      )
 
   @property
   def head_dim(self) -> int:

@@ -149,3 +149,8 @@ def test_heldout_models_sweep_is_their_projection_gemms():
         want.append((f"{name} {gemm['name']}", gemm["m"], gemm["n"], gemm["k"], gemm["layout"]))
   have = [(s.m, s.n, s.k, s.layout) for s in shapes.load_sweep("heldout_models")]
   assert have == [w[1:] for w in want]
+
+
+def test_llama_needs_an_even_head_dim():
+  with pytest.raises(ValueError, match="head_dim .* must be even"):
+    models.ModelSpec(arch="llama", d_model=1000, heads=8, kv_heads=2)
