@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Callable
 
 from pallas_gemm import heuristics, route
-from pallas_gemm.config import GemmConfig
+from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig
 from pallas_gemm.tuner import CuptiTimer, make_problem
 
 
@@ -56,6 +56,22 @@ def default_plan(case: Case) -> str:
   if route.choose(problem)[0] == "xla":
     return "xla"
   return heuristics.describe(heuristics.config_fields(heuristics.default_config(problem)))
+
+
+def model_pick(case: Case, **options) -> GemmConfig:
+  """The time model's pick for `case` on this board with some of its parts off (`options`
+  of `heuristics.pick`, e.g. `wave_tile=False`), then the tail split the default gives it:
+  the default as it was before a change to the model.
+
+  >>> model_pick(Case(1536, 1536, 1536), wave_tile=False).consumers
+  2
+  """
+  from pallas_gemm import _compat  # local: jax is only needed to ask the device
+
+  problem = case.problem()
+  num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
+  config = heuristics.pick(problem, num_sms, _compat.hbm_scale(), heuristics.Params(), **options)
+  return heuristics.split_tail(problem, config, num_sms)
 
 
 def run(

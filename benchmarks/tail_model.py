@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from benchmarks import default_ab
 from benchmarks.default_ab import Case, default_plan
-from pallas_gemm import _compat, heuristics
-from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig
+from pallas_gemm.config import GemmConfig
 
 CASES = (
     Case(768, 3072, 16384, "TN"),  # heldout_models.json: seen before the change
@@ -49,11 +48,7 @@ CASES = (
 
 def before_config(case: Case) -> GemmConfig:
   """The default as the model without the tail term picked it."""
-  problem = case.problem()
-  sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
-  hbm = _compat.hbm_scale()
-  picked = heuristics.pick(problem, sms, hbm, heuristics.Params(), tail_model=False)
-  return heuristics.split_tail(problem, picked, sms)
+  return default_ab.model_pick(case, tail_model=False)
 
 
 def main(argv=None) -> int:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from benchmarks import default_ab
 from benchmarks.default_ab import Case, default_plan
-from pallas_gemm import _compat, heuristics
-from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig
+from pallas_gemm import heuristics  # noqa: F401 -- its examples describe configs
+from pallas_gemm.config import GemmConfig
 
 CASES = (
     Case(1536, 1536, 1536),  # held out (pallas_gemm/shapes/heldout.json)
@@ -57,11 +57,7 @@ CASES = (
 
 def before_config(case: Case) -> GemmConfig:
   """What the default ran before `WAVE_TILE` joined its candidates."""
-  problem = case.problem()
-  num_sms = _compat.device_sm_count() or DEFAULT_NUM_SMS
-  hbm_scale = _compat.hbm_scale()
-  config = heuristics.pick(problem, num_sms, hbm_scale, heuristics.Params(), wave_tile=False)
-  return heuristics.split_tail(problem, config, num_sms)
+  return default_ab.model_pick(case, wave_tile=False)
 
 
 def main(argv=None) -> int:
