@@ -527,6 +527,7 @@ def table(results) -> str:
   head = (
       f"{'model':6s} {'variant':9s} {'cold compile s':>14s} {'x XLA':>6s} {'warm s':>7s} "
       f"{'kern':>4s} {'step ms':>8s} {'XLA/this':>8s} {'blocked':>7s} {'tok/s':>9s} {'peak GiB':>8s} "
+      f"{'temp GiB':>8s} "
       f"{'loss diff':>9s} {'GEMM ms':>8s} {'attn ms':>7s} {'elem ms':>7s} {'other ms':>8s} "
       f"{'prefill':>8s} {'decode':>16s}"
   )
@@ -563,6 +564,7 @@ def table(results) -> str:
           f"{_num(row.get('step_ms'), 8, 2)} {ratio:8.3f} {blocked:7.3f} "
           f"{_num(row.get('tokens_per_s'), 9, 0)} "
           f"{_num(cold.get('peak_bytes') and cold['peak_bytes'] / 2**30, 8, 2)} "
+          f"{_num(row.get('temp_bytes') and row['temp_bytes'] / 2**30, 8, 2)} "
           f"{_num(row.get('loss_max_diff'), 9, 5)} "
           + " ".join(
               _num(groups[g] / 1e3 if g in groups else None, w, 2)
@@ -573,7 +575,9 @@ def table(results) -> str:
   lines.append(
       "x XLA: cold compile / XLA's; XLA/this: XLA step time / this variant's "
       "(> 1 is faster; steps dispatched in chains, as a training loop runs them); "
-      "blocked: the same with a block after every step; prefill, decode: XLA time / this (decode at "
+      "blocked: the same with a block after every step; peak GiB: the device's peak in the "
+      "variant's cold process; temp GiB: the step's temporaries by XLA's memory analysis (this "
+      "process); prefill, decode: XLA time / this (decode at "
       + "/".join(
           c[6:]
           for c in next(iter(results.values()))["variants"].get("xla", {}).get("inference", {})

@@ -49,6 +49,7 @@ def test_small_models_train_alike_in_every_variant(tmp_path, capsys):
       assert row["loss_max_diff"] < 2e-2, (arch, variant, row["loss_max_diff"])
       assert row["step_ms"] > 0 and row["tokens_per_s"] > 0
       assert set(row["inference"]) == {"prefill", "decode1"}
+      assert row["temp_bytes"] > 0  # XLA's memory analysis: the table's temp GiB
   table = capsys.readouterr().out.splitlines()
   assert (
       table[-1].startswith("x XLA")
