@@ -10,9 +10,10 @@ predicts a config's time; `default_config` returns the fastest prediction.
 The model (seconds):
 
     core = waves * (k_steps * STEP[tile, cluster] + TILE_FIXED_S (+ CLUSTER_FIXED_S))
-           (with a tail split: the whole waves, then one K slice + TAIL_FIXED_S)
+           (with a tail split: the whole waves, then one K slice of the last wave's tiles)
     hbm  = unique / (active CTAs * CTA_BYTES_PER_S) + unique / HBM_BYTES_PER_S
     time = max(core, hbm) + LAUNCH_S  (+ the split-K reduction)
+           (+ TAIL_FIXED_S + S * TAIL_SLICE_S for a tail split of S slices)
 
 `STEP` is the measured time of one K step of each CTA tile (its main-loop
 efficiency: WGMMA shape, SMEM and L2 feed), `waves` counts whole waves of
