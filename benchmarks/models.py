@@ -180,6 +180,23 @@ def projection_gemms(spec: ModelSpec) -> list[dict]:
   return out
 
 
+def heldout_gemms() -> list[dict]:
+  """`pallas_gemm/shapes/heldout_models.json`'s shapes: `projection_gemms` of every
+  `HELDOUT` model in order, each (M, N, K, layout) once, named by the first model that
+  has it.
+
+  >>> heldout_gemms()[0]["name"]
+  'gpt2-small qkv'
+  """
+  out, seen = [], set()
+  for model, spec in HELDOUT.items():
+    for gemm in projection_gemms(spec):
+      if (key := (gemm["m"], gemm["n"], gemm["k"], gemm["layout"])) not in seen:
+        seen.add(key)
+        out.append(dict(gemm, name=f"{model} {gemm['name']}"))
+  return out
+
+
 LLAMA_DEFAULTS = dict(kv_heads=4, mlp=5632)
 """What `for_arch` changes for "llama": 4 KV heads (GQA), SwiGLU width ~2.75 d_model."""
 

@@ -239,11 +239,9 @@ case "${1:-}" in
     ;;
   heldout_models)  # MODEL... (default: all four of benchmarks.models.HELDOUT; ~2.5 min each)
     shift
-    for size in "${@:-gpt2-small gpt2-medium llama3-3b-4l mistral-7b-2l}"; do
-      for one in $size; do
-        step "model_$one" 240 8 python -u -m benchmarks.model --size "$one" --in-process \
-          --loss-steps 5 --decode 1,16 --sources 3 --json "$OUT/model_$one.json"
-      done
+    for one in ${@:-gpt2-small gpt2-medium llama3-3b-4l mistral-7b-2l}; do
+      step "model_$one" 240 8 python -u -m benchmarks.model --size "$one" --in-process \
+        --loss-steps 5 --decode 1,16 --sources 3 --json "$OUT/model_$one.json"
     done
     ;;
   heldout_model_gemms)  # the held-out models' projection GEMMs against jnp.dot (~6 min)

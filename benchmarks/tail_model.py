@@ -1,6 +1,6 @@
 """The time model with the tail split in it (`heuristics.estimate`: the whole waves, then
-one K slice of the last wave's tiles and `TAIL_FIXED_S`) against the pick of the model
-before it, and XLA (NOTES exp. 139).
+one K slice of the last wave's tiles, and `TAIL_FIXED_S` + S * `TAIL_SLICE_S`) against the
+pick of the model before it, and XLA (NOTES exp. 139).
 
     python -m benchmarks.tail_model                 # on a Hopper GPU: the table
     python -m benchmarks.tail_model                 # elsewhere: the plan only

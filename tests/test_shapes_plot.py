@@ -64,14 +64,17 @@ def test_sweeps_hold_the_shapes_the_issue_names():
   assert {s.layout for s in shapes.load_sweep("training")} == {"NN", "NT", "TN"}
 
 
-@pytest.mark.parametrize("held_out_sweep", ["heldout", "audit", "heldout_models"])
+HELD_OUT_SWEEPS = ("heldout", "audit", "heldout_models")
+
+
+@pytest.mark.parametrize("held_out_sweep", HELD_OUT_SWEEPS)
 def test_held_out_shapes_are_in_no_fit_sweep_and_no_shipped_table_entry(held_out_sweep):
   from pallas_gemm import tuning_cache
 
   fit = {
       s.label
       for name in shapes.sweep_names()
-      if name not in ("heldout", "audit", "heldout_models")
+      if name not in HELD_OUT_SWEEPS
       for s in shapes.load_sweep(name)
   }
   tuned = {
