@@ -399,6 +399,23 @@ def estimate(
   return seconds
 
 
+def over_ideal(problem: GemmProblem, config: GemmConfig, num_sms: int, hbm_scale: float) -> float:
+  """`estimate` of `config` over the time of `problem`'s FLOPs spread evenly on every SM at
+  the widest tile's rate (plus one launch): how far the tiles, waves and K slices of the
+  best schedule the model knows leave the SMs from full.
+
+  >>> p = GemmProblem(m=768, n=3072, k=16384, transpose_a=True)   # 72 wide tiles
+  >>> round(over_ideal(p, default_config(p, 132, 1.0), 132, 1.0), 2)
+  1.51
+  """
+  params = Params().for_board(hbm_scale)
+  plain = dataclasses.replace(config, stream_k=False, split_tail=False)
+  step = STEP_S[(128, 256, 1)]
+  per_sm = 2 * 128 * 256 * 64 / step  # FLOP/s of one SM at the widest tile's rate
+  ideal = 2.0 * problem.batch * problem.m * problem.n * problem.k / (num_sms * per_sm)
+  return estimate(problem, plain, num_sms, params) / (ideal + params.launch_s)
+
+
 def default_config(
     problem: GemmProblem, num_sms: int | None = None, hbm_scale: float | None = None
 ) -> GemmConfig:

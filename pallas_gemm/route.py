@@ -17,6 +17,12 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   or runs A at a 32-byte swizzle; 0.72-1.00x at every such shape measured (65536x16x2048
   0.88, 8192x16x4096 TN 0.78, 64x(1024x16x1024) 0.72; NOTES exp. 101). Stored (N, K), B
   takes a 16- or 32-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
+- a compute-bound GEMM of long K (>= `UNDERFILLED_MIN_K`) whose tiles fill the SMs badly:
+  the time model's best schedule (`heuristics.over_ideal`) at least `MAX_OVER_IDEAL` x the
+  time of its FLOPs spread on every SM. Under one wave (768x3072x16384 TN, the weight
+  gradient of a 768-wide model: 72 tiles on 132 SMs, 0.80x with the tail split, no
+  schedule of ours above 0.82x) cuBLAS's split schedules win (NOTES exp. 140). Not where a
+  tuned config exists;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_gemm import smem
+from pallas_gemm import heuristics, smem
 from pallas_gemm.config import GemmProblem
 from pallas_gemm.heuristics import NARROW_SPAN_BYTES
 from pallas_gemm.split_k import PEAK_FLOPS  # H100 SXM dense bf16; an H200's is the same
@@ -62,6 +68,15 @@ goes to XLA."""
 
 HBM_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 (an H200's 4.8 TB/s only makes more GEMMs short)."""
+
+MAX_OVER_IDEAL = 1.4
+"""Compute-bound GEMMs whose modeled best schedule is this far from full SMs go to XLA:
+on the H200, 1.42-2.06 ran at 0.65-0.91x `jnp.dot`, 1.04-1.34 at 0.88-1.04x (NOTES
+exp. 140)."""
+
+UNDERFILLED_MIN_K = 8192
+"""...and K at least this long (cuBLAS splits K there; at short K and small squares XLA
+runs Triton's kernels, which the kernel beats by 1.2-2x)."""
 
 ROUTED_DTYPES = ("bfloat16", "float16")
 
@@ -155,9 +170,31 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         f"N={problem.n}: B's (K, N) rows are under {NARROW_SPAN_BYTES} bytes, memory-bound "
         "(no tile of the kernel streams A there as fast as XLA)"
     )
+  if (
+      problem.k >= UNDERFILLED_MIN_K
+      and not _memory_bound(problem)
+      and (ratio := _over_ideal(problem)) >= MAX_OVER_IDEAL
+  ):
+    return "xla", (
+        f"the best schedule of the kernel's tiles is {ratio:.2f}x the time of the FLOPs on "
+        f"every SM (>= {MAX_OVER_IDEAL}): the tiles fill the SMs badly"
+    )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
   if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:
     return "xla", (
         f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"
     )
   return "pallas", "the kernel"
+
+
+def _over_ideal(problem: GemmProblem) -> float:
+  """`heuristics.over_ideal` of the default config on this board; 0 where a tuned config
+  (the user's cache or the shipped table) would run instead."""
+  from pallas_gemm import _compat, tuning_cache  # local: jax is only needed to ask
+
+  if tuning_cache.lookup_config(problem) is not None:
+    return 0.0
+  num_sms = _compat.device_sm_count() or heuristics.DEFAULT_NUM_SMS
+  hbm = _compat.hbm_scale()
+  config = heuristics.default_config(problem, num_sms, hbm)
+  return heuristics.over_ideal(problem, config, num_sms, hbm)

@@ -31,3 +31,10 @@ def test_tail_model_cases_are_the_picks_it_moves():
   for case in tail_model.CASES:
     moved = heuristics.default_config(case.problem(), 132, 1.0)
     assert tail_model.before_config(case) != moved, case.label
+
+
+def test_fill_route_cases_are_routed_away_from_the_kernel():
+  from benchmarks import fill_route
+
+  for case in fill_route.CASES:
+    assert default_ab.default_plan(case) == "xla", case.label
