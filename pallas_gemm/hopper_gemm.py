@@ -131,8 +131,9 @@ class _Plan:
 
   @property
   def partial_slots(self) -> int:
-    """Stream-K workspace slots: one f32 warpgroup tile per CTA and consumer."""
-    return self.workers * self.config.cluster_size * self.config.consumers
+    """Stream-K workspace slots: one f32 warpgroup tile per contributor (the schedule's
+    `slots`), CTA and consumer."""
+    return self.stream_k.slots * self.config.cluster_size * self.config.consumers
 
 
 def _tile_position(p: _Plan, tile_index):
@@ -243,9 +244,10 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
       return sk.for_each_unit(visit, sm)
 
     def partial_slot(worker):
-      """This CTA's and warpgroup's stream-K workspace slot (and semaphore) of `worker`."""
+      """This CTA's and warpgroup's stream-K workspace slot (and semaphore) of contributor
+      `worker`."""
       cta = lax.axis_index("cluster") if cfg.cluster_size > 1 else 0
-      return (worker * cfg.cluster_size + cta) * cfg.consumers + wg
+      return (sk.slot(worker) * cfg.cluster_size + cta) * cfg.consumers + wg
 
     def producer():
       def load_unit(step0, tile_index, kb, ke):

@@ -93,6 +93,16 @@ class Schedule:
         for t in range(self.sk_tiles)
     )
 
+  @property
+  def slots(self) -> int:
+    """Workspace slots for the contributors' partial sums: one per worker (any may
+    contribute)."""
+    return self.workers
+
+  def slot(self, worker):
+    """The workspace slot of contributor `worker` (ints or traced): its own."""
+    return worker
+
   def for_each_unit(self, visit, worker):
     """Inside the kernel: visit(step0, tile_index, kb, ke) for each unit of `worker`'s
     work (its range of the stream-K tiles' K steps, then its whole tiles), in order; a
@@ -154,6 +164,8 @@ class TailSplit:
   (3, 1)
   >>> TailSplit.plan(tiles=136, workers=132, k_iters=56).slices   # not 33 slices of 1-2
   4
+  >>> s.slots, [s.slot(w) for w in (1, 3)]   # contributors 1 and 3 (tiles 8 and 9)
+  (2, [0, 1])
   """
 
   tiles: int
@@ -189,6 +201,23 @@ class TailSplit:
   @property
   def max_contributors(self) -> int:
     return self.slices - 1 if self.enabled else 0
+
+  @property
+  def slots(self) -> int:
+    """Workspace slots for the contributors' partial sums: one per slice after the first
+    of each tail tile, R * (S - 1), not one per worker (NOTES exp. 140)."""
+    return self.tail_tiles * max(self.slices - 1, 0)
+
+  def slot(self, worker):
+    """Contributor `worker`'s workspace slot (ints or traced): tile t's slices c = 1 ..
+    S - 1 take t * (S - 1) + c - 1. Clamped into range for a worker that contributes
+    nothing (the kernel forms slot indices it never uses)."""
+    s = self.slices
+    if isinstance(worker, int):
+      t, c = divmod(worker, s)
+      return min(max(t * (s - 1) + c - 1, 0), self.slots - 1)
+    t, c = lax.div(worker, s), lax.rem(worker, s)
+    return jnp.clip(t * (s - 1) + c - 1, 0, self.slots - 1)
 
   def _bound(self, c):
     """First K step of slice c (ints or traced): c * k_iters // slices."""

@@ -156,6 +156,8 @@ def test_tail_split_runs_every_k_step_once_and_waits_match_signals(s):
       waits += [w + 1 + c for c in range(contributors)]
   assert (covered == 1).all()
   assert sorted(waits) == sorted(signals)
+  # the contributors' workspace slots: one each, no more than there are contributors
+  assert sorted(s.slot(w) for w in signals) == list(range(s.slots)) == list(range(len(signals)))
   # equal slices: the tail takes one slice's time, at most ceil(k_iters / slices) steps
   lengths = [ke - kb for _, _, kb, ke in _tail_units(s) if (kb, ke) != (0, s.k_iters)]
   assert max(lengths) - min(lengths) <= 1 and min(lengths) >= s.min_steps
@@ -171,6 +173,8 @@ def test_traced_tail_split_matches_ints(tiles, workers, k_iters):
   ]
   c = jnp.arange(s.slices + 1)
   assert np.asarray(jax.jit(s._bound)(c)).tolist() == [s._bound(i) for i in range(s.slices + 1)]
+  w = jnp.arange(workers)
+  assert np.asarray(jax.jit(s.slot)(w)).tolist() == [s.slot(i) for i in range(workers)]
 
 
 def test_numpy_replay_of_the_tail_split_equals_the_product():
@@ -188,15 +192,17 @@ def test_numpy_replay_of_the_tail_split_equals_the_product():
 
   out, partials = np.full((m_tiles * tm, n_tiles * tn), np.nan), {}
   units = _tail_units(s)
-  for w, tile, kb, ke in units:
+  for w, tile, kb, ke in units:  # contributors store into their workspace slots
     if kb > 0:
-      partials[w] = part(tile, kb, ke)[1]
+      assert s.slot(w) not in partials
+      partials[s.slot(w)] = part(tile, kb, ke)[1]
+  assert sorted(partials) == list(range(s.slots))
   for w, tile, kb, ke in units:
     if kb == 0:
       (mi, ni), acc = part(tile, kb, ke)
       if ke < k_iters:
         for c in range(s.owner(tile * k_iters + k_iters - 1) - w):
-          acc = acc + partials[w + 1 + c]
+          acc = acc + partials[s.slot(w + 1 + c)]
       out[mi * tm : (mi + 1) * tm, ni * tn : (ni + 1) * tn] = acc
   np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
