@@ -17,12 +17,16 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   or runs A at a 32-byte swizzle; 0.72-1.00x at every such shape measured (65536x16x2048
   0.88, 8192x16x4096 TN 0.78, 64x(1024x16x1024) 0.72; NOTES exp. 101). Stored (N, K), B
   takes a 16- or 32-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
-- a compute-bound GEMM of long K (>= `UNDERFILLED_MIN_K`) whose tiles fill the SMs badly:
-  the time model's best schedule (`heuristics.over_ideal`) at least `MAX_OVER_IDEAL` x the
-  time of its FLOPs spread on every SM. Under one wave (768x3072x16384 TN, the weight
-  gradient of a 768-wide model: 72 tiles on 132 SMs, 0.80x with the tail split, no
-  schedule of ours above 0.82x) cuBLAS's split schedules win (NOTES exp. 140). Not where a
-  tuned config exists;
+- a compute-bound GEMM whose tiles fill the SMs badly: the time model's best schedule
+  (`heuristics.over_ideal`) at least `MAX_OVER_IDEAL` x the time of its FLOPs spread on
+  every SM, with K >= `UNDERFILLED_MIN_K`, where that schedule is not of the smallest
+  tiles (`SMALL_TILE`). Under one wave (768x3072x16384 TN, the weight gradient of a
+  768-wide model: 72 tiles on 132 SMs, 0.80x with the tail split, no schedule of ours
+  above 0.82x) and at 1.1-1.5 waves (6144x768x2048 TN: 0.66x) cuBLAS's split schedules
+  win (NOTES exps. 140-141). Where the model takes 64x128 tiles instead, the kernel's many
+  small CTAs beat what XLA runs (512x1536x3072 1.25x, 1024x1024x5120 1.13x). Not batched,
+  not with an extent off a multiple of `ALIGNED` (XLA's GEMMs run 1.5-3x slower there),
+  not where a tuned config exists;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -74,9 +78,19 @@ MAX_OVER_IDEAL = 1.4
 on the H200, 1.42-2.06 ran at 0.65-0.91x `jnp.dot`, 1.04-1.34 at 0.88-1.04x (NOTES
 exp. 140)."""
 
-UNDERFILLED_MIN_K = 8192
-"""...and K at least this long (cuBLAS splits K there; at short K and small squares XLA
-runs Triton's kernels, which the kernel beats by 1.2-2x)."""
+UNDERFILLED_MIN_K = 2048
+"""...and K at least this long (cuBLAS splits K there: 0.66-0.99x at 2048-7168 on the
+H200, NOTES exp. 141; at shorter K and small squares XLA runs Triton's kernels, which
+the kernel beats by 1.2-2x)..."""
+
+ALIGNED = 8
+"""Extents that are multiples of this (16 bytes of 16-bit elements) XLA's GEMMs run at
+speed; off it the kernel is 1.5-3x faster (K = 7001: 1.5-2.4x, issue 16; 4097^3: 3.1x,
+NOTES exp. 139)."""
+
+SMALL_TILE = (64, 128)
+"""...unless the model's schedule is of tiles this small: 1.13-1.28x `jnp.dot` at all
+six such shapes measured (NOTES exp. 141)."""
 
 ROUTED_DTYPES = ("bfloat16", "float16")
 
@@ -172,7 +186,9 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
     )
   if (
       problem.k >= UNDERFILLED_MIN_K
+      and problem.batch == 1
       and not _memory_bound(problem)
+      and all(extent % ALIGNED == 0 for extent in (problem.m, problem.n, problem.k))
       and (ratio := _over_ideal(problem)) >= MAX_OVER_IDEAL
   ):
     return "xla", (
@@ -189,7 +205,8 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
 
 def _over_ideal(problem: GemmProblem) -> float:
   """`heuristics.over_ideal` of the default config on this board; 0 where a tuned config
-  (the user's cache or the shipped table) would run instead."""
+  (the user's cache or the shipped table) would run instead, or where the default takes
+  `SMALL_TILE`s."""
   from pallas_gemm import _compat, tuning_cache  # local: jax is only needed to ask
 
   if tuning_cache.lookup_config(problem) is not None:
@@ -197,4 +214,6 @@ def _over_ideal(problem: GemmProblem) -> float:
   num_sms = _compat.device_sm_count() or heuristics.DEFAULT_NUM_SMS
   hbm = _compat.hbm_scale()
   config = heuristics.default_config(problem, num_sms, hbm)
+  if (config.tile_m, config.tile_n) == SMALL_TILE:
+    return 0.0
   return heuristics.over_ideal(problem, config, num_sms, hbm)

@@ -355,10 +355,12 @@ class CuptiTimer:
   one call's time is their total over the count. `verify(config)`
   returns the relative error of a config's output against `matmul`'s XLA
   path (the tuner checks its winner with it). `prepare(configs)`
-  compiles many configs ahead on `workers` threads (compilation releases the
-  GIL for most of its time), so that timing them is not serialised behind
-  each one's compile. `measure` and `implementation` can be replaced, e.g. to
-  exercise this on a CPU.
+  compiles many configs ahead of timing them, `workers` at a time. One by
+  default: on the H200, processes that compiled stream-K and tail-split configs
+  on 8 threads then hung in 7 of 11 runs (in a kernel's first run or the next
+  compile), never in 5 runs compiled one at a time (NOTES exp. 142); threads
+  saved ~30% of the compile time. `measure` and `implementation` can be
+  replaced, e.g. to exercise this on a CPU.
   """
 
   def __init__(
@@ -370,7 +372,7 @@ class CuptiTimer:
       implementation: str = "pallas",
       measure=None,
       seed: int = 0,
-      workers: int | None = None,
+      workers: int = 1,
       l2: str = "cold",
   ):
     if measure is None:
@@ -379,7 +381,9 @@ class CuptiTimer:
       measure = profiler.measure
     self.problem, self.activation, self.implementation = problem, activation, implementation
     self.iterations, self.measure = iterations, measure
-    self.workers = workers or min(8, os.cpu_count() or 1)
+    if workers < 1:
+      raise ValueError(f"workers={workers}: prepare needs at least one compile thread")
+    self.workers = workers
     self.operands = _random_operands(problem, seed)
     out_bytes = problem.batch * problem.m * problem.n * jnp.dtype(problem.out_dtype).itemsize
     self.sets = input_sets(sum(x.nbytes for x in self.operands if x is not None) + out_bytes, l2)
@@ -428,7 +432,8 @@ class CuptiTimer:
       return e
 
   def prepare(self, configs) -> None:
-    """Compiles `configs` (those not compiled yet) in parallel; errors wait for `__call__`."""
+    """Compiles `configs` (those not compiled yet), `workers` at a time; errors wait for
+    `__call__`."""
     todo = [c for c in dict.fromkeys(configs) if c not in self._compiled]
     with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
       self._compiled.update(zip(todo, pool.map(self._compile, todo)))

@@ -25,6 +25,9 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=1024, n=16, k=1024, batch=64), "B's (K, N) rows"),  # 0.72x
         # a 768-wide model's weight gradient: 72 tiles on 132 SMs, 0.80x at best
         (GemmProblem(m=768, n=3072, k=16384, transpose_a=True), "fill the SMs badly"),
+        # 1.1-1.5 waves at K 2048-6144: 0.66x, 0.69x (NOTES exp. 141)
+        (GemmProblem(m=6144, n=768, k=2048, transpose_a=True), "fill the SMs badly"),
+        (GemmProblem(m=3072, n=768, k=6144, transpose_a=True), "fill the SMs badly"),
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -39,6 +42,9 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
         GemmProblem(m=2048, n=3072, k=16384, transpose_a=True),  # tail split: 1.01x
         GemmProblem(m=1000, n=1000, k=1000),  # under-filled but short K: XLA runs Triton
+        GemmProblem(m=640, n=1024, k=2048, transpose_b=True),  # 64x128 tiles: 2.0x
+        GemmProblem(m=1024, n=1024, k=3072, transpose_a=True),  # 64x128 tiles: 1.33x
+        GemmProblem(m=3072, n=766, k=6144, transpose_a=True),  # under-filled, but N % 8 != 0
         GemmProblem(m=128, n=14336, k=4096),  # past decode: 128 rows
         GemmProblem(m=512, n=512, k=512),  # 1.43-1.46x kernel time, 1.06-1.20x chained
         GemmProblem(m=1024, n=1024, k=1024),  # 1.17-1.50x, 0.72-1.29x chained (noisy)
