@@ -1,43 +1,105 @@
-"""Long-K GEMMs whose tiles fill the SMs badly, routed to XLA (`route.choose`,
-`MAX_OVER_IDEAL`), against the kernel's default config there, and XLA (NOTES exp. 140).
+"""GEMMs whose tiles fill the SMs badly, routed to XLA (`route.choose`, `MAX_OVER_IDEAL`),
+against the kernel's default config there, and XLA (NOTES exps. 140-141).
 
-    python -m benchmarks.fill_route                 # on a Hopper GPU: the table
-    python -m benchmarks.fill_route                 # elsewhere: the plan only
+    python -m benchmarks.fill_route                     # on a Hopper GPU: every group
+    python -m benchmarks.fill_route --group drawn54     # one group
+    python -m benchmarks.fill_route                     # elsewhere: the plan only
 
 Contenders (`benchmarks.default_ab`): xla; the default (routed: XLA's time); `kernel`,
-the kernel with `heuristics.default_config`. The first three cases are the held-out
-models' weight gradients that set the rule; the other twelve were drawn (random.seed(5))
-after it from the 62 it routes in a grid of M 512-16384, N 768-14336, K 512-16384,
-NN/NT/TN, M*N*K <= 2^38.
+the kernel with `heuristics.default_config`. Groups, in the order they were measured:
+  long_k     K >= 8192: three held-out models' weight gradients that set the rule, then
+             twelve drawn (random.seed(5)) from a grid after it
+  short_k    the rule from K >= 2048: three shapes seen before it (stop 51), fourteen
+             drawn (random.seed(52)) from M 512-16384, N 768-14336, K 1024-6144
+  drawn53    drawn (random.seed(53)) after it: ten it routed, five under-filled it kept;
+             the 64x128 exception (`route.SMALL_TILE`) was read off these
+  drawn54    drawn (random.seed(54)) after the exception: ten it routes, four 64x128
+             under-filled shapes it keeps (the kernel runs those)
 
->>> default_plan(CASES[0])
+>>> default_plan(GROUPS["long_k"][0])
 'xla'
 """
 
 from __future__ import annotations
+
+import argparse
 
 from benchmarks import default_ab
 from benchmarks.default_ab import Case, default_plan
 from pallas_gemm import heuristics
 from pallas_gemm.config import GemmConfig
 
-CASES = (
-    Case(768, 3072, 16384, "TN"),  # heldout_models.json: set the rule
-    Case(3072, 768, 16384, "TN"),
-    Case(768, 768, 16384, "TN"),
-    Case(512, 768, 8192, "NT"),  # drawn after it
-    Case(512, 2048, 8192, "NT"),
-    Case(768, 768, 8192),
-    Case(768, 1024, 8192, "NT"),
-    Case(768, 1536, 8192, "TN"),
-    Case(1024, 768, 8192),
-    Case(1024, 768, 8192, "TN"),
-    Case(1024, 1024, 8192, "TN"),
-    Case(1536, 768, 8192, "NT"),
-    Case(1536, 768, 16384, "NT"),
-    Case(1536, 1024, 8192, "NT"),
-    Case(1536, 1536, 16384, "TN"),
-)
+GROUPS = {
+    "long_k": (
+        Case(768, 3072, 16384, "TN"),  # heldout_models.json: set the rule
+        Case(3072, 768, 16384, "TN"),
+        Case(768, 768, 16384, "TN"),
+        Case(512, 768, 8192, "NT"),  # drawn after it
+        Case(512, 2048, 8192, "NT"),
+        Case(768, 768, 8192),
+        Case(768, 1024, 8192, "NT"),
+        Case(768, 1536, 8192, "TN"),
+        Case(1024, 768, 8192),
+        Case(1024, 768, 8192, "TN"),
+        Case(1024, 1024, 8192, "TN"),
+        Case(1536, 768, 8192, "NT"),
+        Case(1536, 768, 16384, "NT"),
+        Case(1536, 1024, 8192, "NT"),
+        Case(1536, 1536, 16384, "TN"),
+    ),
+    "short_k": (
+        Case(1536, 3072, 2048),  # seen (stop 51: 0.81-0.86x)
+        Case(1536, 3072, 2048, "NT"),
+        Case(6144, 768, 2048, "TN"),
+        Case(512, 1024, 6144, "TN"),  # drawn
+        Case(512, 1536, 3072, "NT"),
+        Case(512, 2560, 2048, "TN"),
+        Case(512, 2560, 4096, "NT"),
+        Case(768, 768, 4096, "NT"),
+        Case(768, 1536, 6144),
+        Case(768, 2048, 4096, "NT"),
+        Case(1024, 768, 2048, "TN"),
+        Case(1024, 768, 6144, "NT"),
+        Case(1536, 1024, 6144, "TN"),
+        Case(3072, 768, 6144, "TN"),
+        Case(3072, 1536, 3072),
+        Case(6144, 768, 2048, "NT"),
+        Case(6144, 768, 4096, "NT"),
+    ),
+    "drawn53": (
+        Case(640, 1536, 4096, "TN"),
+        Case(768, 6144, 3072, "NT"),
+        Case(1024, 768, 5120, "NT"),
+        Case(1024, 1024, 5120),
+        Case(1280, 1024, 7168, "NT"),
+        Case(1536, 768, 6144, "TN"),
+        Case(1536, 768, 7168, "TN"),
+        Case(3072, 1536, 2048),
+        Case(4096, 1280, 2560, "TN"),
+        Case(6144, 768, 5120, "TN"),
+        Case(512, 1536, 2560, "NT"),  # kept by the rule as drawn
+        Case(512, 1536, 3584, "TN"),
+        Case(1024, 768, 3584, "NT"),
+        Case(1280, 1024, 2560, "NT"),
+        Case(1536, 1024, 2048, "NT"),
+    ),
+    "drawn54": (
+        Case(640, 2560, 3584),
+        Case(768, 2048, 4096),
+        Case(896, 2560, 2560),
+        Case(1024, 896, 5120, "TN"),
+        Case(1280, 896, 4096, "TN"),
+        Case(1536, 768, 3584),
+        Case(1536, 896, 2560),
+        Case(1536, 3072, 6144, "TN"),
+        Case(1792, 768, 2048, "TN"),
+        Case(2048, 896, 3072, "TN"),
+        Case(640, 1024, 2048, "NT"),  # 64x128 tiles: kept
+        Case(768, 1024, 2560, "NT"),
+        Case(896, 1024, 3072),
+        Case(1024, 1024, 3072, "TN"),
+    ),
+}
 
 
 def kernel_config(case: Case) -> GemmConfig:
@@ -46,7 +108,12 @@ def kernel_config(case: Case) -> GemmConfig:
 
 
 def main(argv=None) -> int:
-  return default_ab.main(argv, __doc__.split("\n\n")[0], CASES, kernel_config, "kernel")
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--group", choices=sorted(GROUPS), default=None)
+  args, rest = parser.parse_known_args(argv)
+  groups = [args.group] if args.group else list(GROUPS)
+  cases = [case for group in groups for case in GROUPS[group]]
+  return default_ab.main(rest, __doc__.split("\n\n")[0], cases, kernel_config, "kernel")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@
 #                                         # in one process (~2.5 min a model)
 #   bash benchmarks/run_device.sh heldout_model_gemms  # their projections' GEMMs alone
 #                                         # (pallas_gemm/shapes/heldout_models.json; ~6 min)
+#   bash benchmarks/run_device.sh fill    # the fill rule's routed shapes (benchmarks.fill_route)
+#                                         # and 30 random shapes (benchmarks.random_shapes; ~5 min)
 #   bash benchmarks/run_device.sh par MODE...  # several GPUs: MODE i on GPU i, all at once
 #                                         # (each its own process, $OUT/MODE and power samples),
 #                                         # then every MODE's summary
@@ -248,11 +250,15 @@ case "${1:-}" in
     step sweep_heldout_models 560 3 python -u -m benchmarks.matmul --sweep heldout_models \
       --budget-s 500 --out "$OUT/heldout_models"
     ;;
+  fill)
+    step fill_route 300 64 python -u -m benchmarks.fill_route --rounds 5
+    step random_shapes 240 32 python -u -m benchmarks.random_shapes --rounds 3
+    ;;
   calibrate)
     step calibrate 570 3 python -u -m benchmarks.calibrate --sweep fit --budget-s 500 --out "$OUT"
     ;;
   *)
-    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|heldout_models|heldout_model_gemms|calibrate" >&2
+    echo "usage: $0 check|extras|time|sweeps|heldout|audit|odd|skinny|tail|consumers|short_k|par|glu|blockwise|groups|multi|new|decode|trace|int8|qmodel|next|models|heldout_models|heldout_model_gemms|fill|calibrate" >&2
     exit 2
     ;;
 esac

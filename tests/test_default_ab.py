@@ -33,8 +33,25 @@ def test_tail_model_cases_are_the_picks_it_moves():
     assert tail_model.before_config(case) != moved, case.label
 
 
-def test_fill_route_cases_are_routed_away_from_the_kernel():
+def test_fill_route_routes_every_case_but_the_small_tiles_it_measured_faster():
   from benchmarks import fill_route
 
-  for case in fill_route.CASES:
-    assert default_ab.default_plan(case) == "xla", case.label
+  kept = {  # 64x128 tiles at the default board (an H100's): 1.11-2.01x jnp.dot on the H200
+      "512x1536x3072 NT",
+      "1024x768x2048 TN",
+      "640x1536x4096 TN",
+      "1024x1024x5120 NN",
+      "512x1536x2560 NT",
+      "512x1536x3584 TN",  # the H200's default takes 128x192 there: 0.90x, routed
+      "640x1024x2048 NT",
+      "768x1024x2560 NT",
+      "896x1024x3072 NN",
+      "1024x1024x3072 TN",
+  }
+  for cases in fill_route.GROUPS.values():
+    for case in cases:
+      plan = default_ab.default_plan(case)
+      if case.label in kept:
+        assert plan.startswith("64x128x64"), (case.label, plan)
+      else:
+        assert plan == "xla", (case.label, plan)
