@@ -41,6 +41,7 @@ from pallas_gemm import _compat
 from pallas_gemm import raster
 from pallas_gemm import split_k
 from pallas_gemm import tuning_cache
+from pallas_gemm import watchdog
 from pallas_gemm.heuristics import default_config
 from pallas_gemm.config import (
     CLUSTERS,
@@ -359,7 +360,9 @@ class CuptiTimer:
   default: on the H200, processes that compiled stream-K and tail-split configs
   on 8 threads then hung in 7 of 11 runs (in a kernel's first run or the next
   compile), never in 5 runs compiled one at a time (NOTES exp. 142); threads
-  saved ~30% of the compile time. `measure` and `implementation` can be
+  saved ~30% of the compile time. Each compile, check and timing has a deadline
+  (`watchdog.deadline`): a config whose kernel never finishes ends the process
+  with its name rather than hanging it. `measure` and `implementation` can be
   replaced, e.g. to exercise this on a CPU.
   """
 
@@ -425,9 +428,15 @@ class CuptiTimer:
     fn = self._jitted(config)
     return fn if self.sets == 1 else rotating(fn, self.sets)
 
+  def _what(self, step: str, config: GemmConfig | None) -> str:
+    """`step` of `config` on this problem, as a hung step is reported (`watchdog`)."""
+    name = "XLA" if config is None else repr(config)
+    return f"{step} {name} on {self.problem}"
+
   def _compile(self, config: GemmConfig):
     try:
-      return self._timed(config).lower(*self._args).compile()
+      with watchdog.deadline(self._what("compiling", config)):
+        return self._timed(config).lower(*self._args).compile()
     except Exception as e:  # noqa: BLE001 -- reported when the config is timed
       return e
 
@@ -440,12 +449,14 @@ class CuptiTimer:
 
   def verify(self, config: GemmConfig) -> float:
     """Relative error of `config`'s output against `matmul`'s XLA path on the same operands."""
-    out = self._jitted(config)(*self.operands)
-    if self._reference is None:
-      self._reference = jax.jit(self._run_with(None, "xla"))(*self.operands)
-    diff = jnp.linalg.norm((out.astype(jnp.float32) - self._reference.astype(jnp.float32)).ravel())
-    scale = jnp.linalg.norm(self._reference.astype(jnp.float32).ravel())
-    return float(jnp.nan_to_num(diff / jnp.maximum(scale, 1e-30), nan=jnp.inf))
+    with watchdog.deadline(self._what("checking", config)):
+      out = self._jitted(config)(*self.operands)
+      if self._reference is None:
+        self._reference = jax.jit(self._run_with(None, "xla"))(*self.operands)
+      ref = self._reference.astype(jnp.float32)
+      diff = jnp.linalg.norm((out.astype(jnp.float32) - ref).ravel())
+      scale = jnp.linalg.norm(ref.ravel())
+      return float(jnp.nan_to_num(diff / jnp.maximum(scale, 1e-30), nan=jnp.inf))
 
   def __call__(self, config: GemmConfig) -> float:
     fn = self._compiled.get(config)  # kept: the confirmation phase times a config again
@@ -453,7 +464,8 @@ class CuptiTimer:
       fn = self._compiled[config] = self._timed(config)
     if isinstance(fn, Exception):
       raise fn
-    _, times = self.measure(fn, iterations=self.iterations)(*self._args)
+    with watchdog.deadline(self._what("timing", config)):
+      _, times = self.measure(fn, iterations=self.iterations)(*self._args)
     if times is None:
       raise RuntimeError("no kernel was launched")
     return statistics.median(times if isinstance(times, list) else [times]) / self.sets
