@@ -430,8 +430,7 @@ class CuptiTimer:
 
   def _what(self, step: str, config: GemmConfig | None) -> str:
     """`step` of `config` on this problem, as a hung step is reported (`watchdog`)."""
-    name = "XLA" if config is None else repr(config)
-    return f"{step} {name} on {self.problem}"
+    return f"{step} implementation={self.implementation!r} config={config!r} on {self.problem}"
 
   def _compile(self, config: GemmConfig):
     try:
