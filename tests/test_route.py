@@ -2,6 +2,8 @@
 (`pallas_gemm.route`). The rules on problems, then the public API's choice seen in the
 module exported for CUDA (Mosaic custom calls counted) with a GPU pretended."""
 
+import hypothesis
+from hypothesis import example, given, settings, strategies as st
 import jax
 import jax.numpy as jnp
 import pytest
@@ -59,6 +61,43 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
 )
 def test_the_kernel_keeps_what_it_wins_or_what_only_it_does(problem):
   assert route.choose(problem) == ("pallas", "the kernel")
+
+
+_UNDERFILLED_EXTENTS = [512, 768, 768, 1024, 1536, 3072, 6144, 8192, 16384]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.one_of(st.sampled_from(_UNDERFILLED_EXTENTS), st.integers(1, 20000)),
+    n=st.one_of(st.sampled_from(_UNDERFILLED_EXTENTS), st.integers(1, 20000)),
+    k=st.one_of(st.sampled_from(_UNDERFILLED_EXTENTS), st.integers(1, 20000)),
+    batch=st.sampled_from([1, 1, 1, 3]),
+    dtype=st.sampled_from(["bfloat16", "float16", "float8_e4m3fn", "float32"]),
+    transpose_a=st.booleans(),
+    transpose_b=st.booleans(),
+)
+@example(  # routed: 72 wide tiles on 132 SMs
+    m=768, n=3072, k=16384, batch=1, dtype="bfloat16", transpose_a=True, transpose_b=False
+)
+@example(  # the same, batched: kept
+    m=768, n=3072, k=16384, batch=3, dtype="bfloat16", transpose_a=True, transpose_b=False
+)
+def test_the_fill_rule_routes_only_within_its_guards(
+    m, n, k, batch, dtype, transpose_a, transpose_b
+):
+  problem = GemmProblem(
+      m=m, n=n, k=k, batch=batch, dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b
+  )
+  implementation, why = route.choose(problem)
+  assert implementation in ("xla", "pallas") and why
+  if "fill the SMs badly" in why:
+    assert implementation == "xla" and dtype in route.ROUTED_DTYPES
+    assert k >= route.UNDERFILLED_MIN_K and batch == 1
+    assert m % route.ALIGNED == n % route.ALIGNED == k % route.ALIGNED == 0
+    config = route.heuristics.default_config(problem)
+    assert (config.tile_m, config.tile_n) != route.SMALL_TILE
+    assert route.heuristics.over_ideal(problem, config, 132, 1.0) >= route.MAX_OVER_IDEAL
+  hypothesis.event("fill rule" if "fill the SMs" in why else implementation)
 
 
 def test_padding_copy_counts_only_operands_tma_cannot_read():
