@@ -29,6 +29,9 @@ from pallas_gemm import heuristics, route
 from pallas_gemm.config import DEFAULT_NUM_SMS, GemmConfig
 from pallas_gemm.tuner import CuptiTimer, make_problem
 
+SLOW = 0.9
+"""A shape below this fraction of XLA's speed counts as slow (issue 16: none below 0.9x)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -112,13 +115,26 @@ def run(
         f"({us['xla'] / us['default']:.3f})  {before_name} {us[before_name]:7.1f} "
         f"({us['xla'] / us[before_name]:.3f})  {plan}  max diff {max(diff.values()):.1e}"
     )
-  ratios = lambda name: [r["us"]["xla"] / r["us"][name] for r in rows]
-  geomean = lambda xs: math.exp(statistics.mean(map(math.log, xs)))
-  log(
-      f"geomean XLA/this over {len(rows)} shapes: default {geomean(ratios('default')):.3f}, "
-      f"{before_name} {geomean(ratios(before_name)):.3f}"
-  )
+  log(summary(rows, before_name))
   return rows
+
+
+def summary(rows, before_name: str) -> str:
+  """The geometric mean of XLA's time over each contender's, and how many shapes each runs
+  below `SLOW` x XLA's speed (issue 16's bar).
+
+  >>> rows = [dict(us={"xla": 9.0, "default": 10.0, "wide": 9.0}),
+  ...         dict(us={"xla": 4.0, "default": 1.0, "wide": 8.0})]
+  >>> summary(rows, "wide")
+  'geomean XLA/this over 2 shapes: default 1.897, wide 0.707; below 0.9x: default 0, wide 1'
+  """
+  ratios = {
+      name: [r["us"]["xla"] / r["us"][name] for r in rows] for name in ("default", before_name)
+  }
+  geomean = lambda xs: math.exp(statistics.mean(map(math.log, xs)))
+  means = ", ".join(f"{name} {geomean(xs):.3f}" for name, xs in ratios.items())
+  slow = ", ".join(f"{name} {sum(x < SLOW for x in xs)}" for name, xs in ratios.items())
+  return f"geomean XLA/this over {len(rows)} shapes: {means}; below {SLOW}x: {slow}"
 
 
 def main(argv, description: str, cases, before: Callable[[Case], GemmConfig], before_name: str):
