@@ -55,3 +55,17 @@ def test_fill_route_routes_every_case_but_the_small_tiles_it_measured_faster():
         assert plan.startswith("64x128x64"), (case.label, plan)
       else:
         assert plan == "xla", (case.label, plan)
+
+
+def test_random_shapes_draws_the_same_bounded_shapes_for_a_seed():
+  from benchmarks import random_shapes
+
+  first, again = random_shapes.draw(7, 40), random_shapes.draw(7, 40)
+  assert [c.label for c in first] == [c.label for c in again]
+  assert [c.label for c in random_shapes.draw(8, 40)] != [c.label for c in first]
+  for case in first:
+    assert random_shapes.MIN_VOLUME <= case.m * case.n * case.k <= random_shapes.MAX_VOLUME
+    assert all(256 <= x <= 16384 for x in (case.m, case.n, case.k))
+    assert case.layout in ("NN", "NT", "TN")
+  extents = [x for case in first for x in (case.m, case.n, case.k)]
+  assert any(x % 64 for x in extents) and sum(x % 64 == 0 for x in extents) > len(extents) / 2
