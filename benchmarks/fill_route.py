@@ -15,6 +15,11 @@ the kernel with `heuristics.default_config`. Groups, in the order they were meas
              the 64x128 exception (`route.SMALL_TILE`) was read off these
   drawn54    drawn (random.seed(54)) after the exception: ten it routes, four 64x128
              under-filled shapes it keeps (the kernel runs those)
+  k1024      K 1024-1920: two losers of a random draw, twelve drawn (random.seed(55)) that
+             a K >= 1024 rule would route; the 128-row condition
+             (`route.UNDERFILLED_WIDE_MIN_K`) was read off these
+  drawn56    drawn (random.seed(56)) after it: ten it routes, four 64x256 under-filled
+             shapes it keeps (not timed yet)
 
 >>> default_plan(GROUPS["long_k"][0])
 'xla'
@@ -98,6 +103,38 @@ GROUPS = {
         Case(768, 1024, 2560, "NT"),
         Case(896, 1024, 3072),
         Case(1024, 1024, 3072, "TN"),
+    ),
+    "k1024": (
+        Case(512, 5696, 1904, "TN"),  # random_shapes (seed 142): 0.83x
+        Case(2880, 1920, 1088, "NT"),  # 0.89x
+        Case(768, 1536, 1280, "NT"),  # drawn
+        Case(768, 1792, 1280, "NT"),
+        Case(768, 1792, 1536, "TN"),
+        Case(896, 2048, 1280, "NT"),
+        Case(896, 11008, 1152, "NT"),
+        Case(1024, 1536, 1024, "TN"),
+        Case(1536, 1792, 1536, "TN"),
+        Case(1536, 1792, 1792, "TN"),
+        Case(1792, 1280, 1536),
+        Case(2048, 896, 1024),
+        Case(2048, 896, 1152, "TN"),
+        Case(5120, 896, 1280),
+    ),
+    "drawn56": (
+        Case(512, 6144, 1408, "TN"),
+        Case(768, 6144, 1664, "NT"),
+        Case(1280, 3584, 1920, "NT"),
+        Case(1792, 1280, 1664),
+        Case(2560, 2560, 1152),
+        Case(3072, 1024, 1536),
+        Case(3584, 896, 1024, "TN"),
+        Case(3584, 1280, 1792, "TN"),
+        Case(4096, 768, 1792, "TN"),
+        Case(12288, 768, 1024, "TN"),
+        Case(512, 3584, 1920),  # 64x256 tiles: kept
+        Case(1024, 1280, 1408),
+        Case(1024, 1792, 1024),
+        Case(1792, 1024, 1408, "NT"),
     ),
 }
 

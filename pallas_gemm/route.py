@@ -19,14 +19,15 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   takes a 16- or 32-wide tile (`heuristics.narrow_tile_n`): 0.98-1.09x;
 - a compute-bound GEMM whose tiles fill the SMs badly: the time model's best schedule
   (`heuristics.over_ideal`) at least `MAX_OVER_IDEAL` x the time of its FLOPs spread on
-  every SM, with K >= `UNDERFILLED_MIN_K`, where that schedule is not of the smallest
-  tiles (`SMALL_TILE`). Under one wave (768x3072x16384 TN, the weight gradient of a
-  768-wide model: 72 tiles on 132 SMs, 0.80x with the tail split, no schedule of ours
-  above 0.82x) and at 1.1-1.5 waves (6144x768x2048 TN: 0.66x) cuBLAS's split schedules
-  win (NOTES exps. 140-141). Where the model takes 64x128 tiles instead, the kernel's many
-  small CTAs beat what XLA runs (512x1536x3072 1.25x, 1024x1024x5120 1.13x). Not batched,
-  not with an extent off a multiple of `ALIGNED` (XLA's GEMMs run 1.5-3x slower there),
-  not where a tuned config exists;
+  every SM, with K >= `UNDERFILLED_MIN_K` (`UNDERFILLED_WIDE_MIN_K` for tiles of 128 rows
+  or more), where that schedule is not of the smallest tiles (`SMALL_TILE`). Under one
+  wave (768x3072x16384 TN, the weight gradient of a 768-wide model: 72 tiles on 132 SMs,
+  0.80x with the tail split, no schedule of ours above 0.82x) and at 1.1-1.5 waves
+  (6144x768x2048 TN: 0.66x) cuBLAS's split schedules win (NOTES exps. 140-141, 144).
+  Where the model takes 64x128 tiles instead (or 64-row tiles at K under 2048), the
+  kernel's many small CTAs beat what XLA runs (512x1536x3072 1.25x, 1024x1024x5120 1.13x,
+  2048x896x1152 TN 1.40x). Not batched, not with an extent off a multiple of `ALIGNED`
+  (XLA's GEMMs run 1.5-3x slower there), not where a tuned config exists;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -87,6 +88,10 @@ ALIGNED = 8
 """Extents that are multiples of this (16 bytes of 16-bit elements) XLA's GEMMs run at
 speed; off it the kernel is 1.5-3x faster (K = 7001: 1.5-2.4x, issue 16; 4097^3: 3.1x,
 NOTES exp. 139)."""
+
+UNDERFILLED_WIDE_MIN_K = 1024
+"""...from this K where the model's tiles have 128 rows or more: at K 1024-1920 eight such
+ran at 0.82-0.90x, six of 64x256 at 1.34-1.40x (H200, NOTES exp. 144; not yet held out)."""
 
 SMALL_TILE = (64, 128)
 """...unless the model's schedule is of tiles this small: 1.13-1.28x `jnp.dot` at all
@@ -185,7 +190,7 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         "(no tile of the kernel streams A there as fast as XLA)"
     )
   if (
-      problem.k >= UNDERFILLED_MIN_K
+      problem.k >= UNDERFILLED_WIDE_MIN_K
       and problem.batch == 1
       and not _memory_bound(problem)
       and all(extent % ALIGNED == 0 for extent in (problem.m, problem.n, problem.k))
@@ -205,8 +210,8 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
 
 def _over_ideal(problem: GemmProblem) -> float:
   """`heuristics.over_ideal` of the default config on this board; 0 where a tuned config
-  (the user's cache or the shipped table) would run instead, or where the default takes
-  `SMALL_TILE`s."""
+  (the user's cache or the shipped table) would run instead, where the default takes
+  `SMALL_TILE`s, or 64-row tiles at K under `UNDERFILLED_MIN_K`."""
   from pallas_gemm import _compat, tuning_cache  # local: jax is only needed to ask
 
   if tuning_cache.lookup_config(problem) is not None:
@@ -215,5 +220,7 @@ def _over_ideal(problem: GemmProblem) -> float:
   hbm = _compat.hbm_scale()
   config = heuristics.default_config(problem, num_sms, hbm)
   if (config.tile_m, config.tile_n) == SMALL_TILE:
+    return 0.0
+  if problem.k < UNDERFILLED_MIN_K and config.tile_m < 128:
     return 0.0
   return heuristics.over_ideal(problem, config, num_sms, hbm)

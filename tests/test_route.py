@@ -30,6 +30,7 @@ from pallas_gemm.config import GemmProblem
         # 1.1-1.5 waves at K 2048-6144: 0.66x, 0.69x (NOTES exp. 141)
         (GemmProblem(m=6144, n=768, k=2048, transpose_a=True), "fill the SMs badly"),
         (GemmProblem(m=3072, n=768, k=6144, transpose_a=True), "fill the SMs badly"),
+        (GemmProblem(m=5120, n=896, k=1280), "fill the SMs badly"),  # 128x192: 0.83x
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -47,6 +48,7 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=640, n=1024, k=2048, transpose_b=True),  # 64x128 tiles: 2.0x
         GemmProblem(m=1024, n=1024, k=3072, transpose_a=True),  # 64x128 tiles: 1.33x
         GemmProblem(m=3072, n=766, k=6144, transpose_a=True),  # under-filled, but N % 8 != 0
+        GemmProblem(m=2048, n=896, k=1152, transpose_a=True),  # 64x256 at K < 2048: 1.40x
         GemmProblem(m=128, n=14336, k=4096),  # past decode: 128 rows
         GemmProblem(m=512, n=512, k=512),  # 1.43-1.46x kernel time, 1.06-1.20x chained
         GemmProblem(m=1024, n=1024, k=1024),  # 1.17-1.50x, 0.72-1.29x chained (noisy)
