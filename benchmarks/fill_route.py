@@ -19,7 +19,10 @@ the kernel with `heuristics.default_config`. Groups, in the order they were meas
              a K >= 1024 rule would route; the 128-row condition
              (`route.UNDERFILLED_WIDE_MIN_K`) was read off these
   drawn56    drawn (random.seed(56)) after it: ten it routes, four 64x256 under-filled
-             shapes it keeps (not timed yet)
+             shapes it keeps (stop 53: the kernel lost on 9 of the 10)
+  odd_m      an M off a multiple of 8 where A is stored (M, K): every shape of
+             `benchmarks.random_shapes`' seeds 142-149 (300 each) that the rule would route
+             if it asked only the operands' minor extents to be aligned (not timed yet)
 
 >>> default_plan(GROUPS["long_k"][0])
 'xla'
@@ -135,6 +138,36 @@ GROUPS = {
         Case(1024, 1280, 1408),
         Case(1024, 1792, 1024),
         Case(1792, 1024, 1408, "NT"),
+    ),
+    "odd_m": (
+        Case(445, 1024, 15896),  # seed 142: 1.55x on the kernel
+        Case(678, 4288, 5312),
+        Case(477, 1024, 11008),
+        Case(1571, 1024, 4864, "NT"),
+        Case(391, 5632, 13312),  # seed 143
+        Case(539, 1472, 4576, "NT"),  # 0.52-0.70x on the kernel (NOTES exp. 145)
+        Case(793, 3776, 11328, "NT"),
+        Case(521, 15296, 3136),
+        Case(486, 2560, 2688, "NT"),
+        Case(2346, 1280, 4864),  # seed 144
+        Case(1373, 1728, 6080, "NT"),
+        Case(1227, 1216, 4608, "NT"),  # seed 145
+        Case(6524, 360, 3584, "NT"),
+        Case(1241, 1856, 1216),
+        Case(3293, 576, 1152),
+        Case(1033, 1024, 10112),
+        Case(1177, 1024, 5504),
+        Case(1310, 1600, 1792, "NT"),  # seed 146
+        Case(2666, 1728, 2088, "NT"),
+        Case(3385, 384, 2624, "NT"),
+        Case(685, 704, 14720, "NT"),
+        Case(374, 2112, 5120, "NT"),
+        Case(1444, 576, 13760, "NT"),
+        Case(622, 2688, 5312, "NT"),  # seed 147
+        Case(1183, 448, 10560, "NT"),  # seed 148
+        Case(1750, 384, 9152),
+        Case(1588, 1472, 10432, "NT"),  # seed 149
+        Case(811, 1088, 8704, "NT"),
     ),
 }
 
