@@ -26,8 +26,9 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   (6144x768x2048 TN: 0.66x) cuBLAS's split schedules win (NOTES exps. 140-141, 144).
   Where the model takes 64x128 tiles instead (or 64-row tiles at K under 2048), the
   kernel's many small CTAs beat what XLA runs (512x1536x3072 1.25x, 1024x1024x5120 1.13x,
-  2048x896x1152 TN 1.40x). Not batched, not with an extent off a multiple of `ALIGNED`
-  (XLA's GEMMs run 1.5-3x slower there), not where a tuned config exists;
+  2048x896x1152 TN 1.40x). Not batched, not with a row stride off a multiple of
+  `ALIGNED` (XLA's GEMMs run 1.5-3x slower there; `xla_aligned`), not where a tuned
+  config exists;
 - a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
   off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
   (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
@@ -87,7 +88,7 @@ the kernel beats by 1.2-2x)..."""
 ALIGNED = 8
 """Extents that are multiples of this (16 bytes of 16-bit elements) XLA's GEMMs run at
 speed; off it the kernel is 1.5-3x faster (K = 7001: 1.5-2.4x, issue 16; 4097^3: 3.1x,
-NOTES exp. 139)."""
+NOTES exp. 139). Only the extents that set a row stride count (`xla_aligned`)."""
 
 UNDERFILLED_WIDE_MIN_K = 1024
 """...from this K where the model's tiles have 128 rows or more: at K 1024-1920 eight such
@@ -153,6 +154,24 @@ def narrow_n_major_b(problem: GemmProblem) -> bool:
   return not problem.transpose_b and problem.n * itemsize < NARROW_SPAN_BYTES
 
 
+def xla_aligned(problem: GemmProblem) -> bool:
+  """Whether every extent that sets a row stride of XLA's GEMM is a multiple of `ALIGNED`:
+  K and N always (A's (M, K) rows or B's (N, K) ones, C's rows), M where A is stored
+  (K, M). An M off it with A stored (M, K) leaves cuBLAS at speed: under-filled there, the
+  kernel ran at 0.53-1.01x `jnp.dot` on 25 of 28 random shapes (NOTES exp. 146).
+
+  >>> xla_aligned(GemmProblem(m=539, n=1472, k=4576))
+  True
+  >>> xla_aligned(GemmProblem(m=4096, n=4096, k=7001))
+  False
+  >>> xla_aligned(GemmProblem(m=539, n=1472, k=4576, transpose_a=True))
+  False
+  """
+  p = problem
+  strides = (p.n, p.k, p.m) if p.transpose_a else (p.n, p.k)
+  return all(extent % ALIGNED == 0 for extent in strides)
+
+
 def _memory_bound(problem: GemmProblem) -> bool:
   flops = 2.0 * problem.batch * problem.m * problem.n * problem.k
   return flops / PEAK_FLOPS < min_bytes(problem) / HBM_BYTES_PER_S
@@ -193,7 +212,7 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
       problem.k >= UNDERFILLED_WIDE_MIN_K
       and problem.batch == 1
       and not _memory_bound(problem)
-      and all(extent % ALIGNED == 0 for extent in (problem.m, problem.n, problem.k))
+      and xla_aligned(problem)
       and (ratio := _over_ideal(problem)) >= MAX_OVER_IDEAL
   ):
     return "xla", (

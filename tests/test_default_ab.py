@@ -61,12 +61,9 @@ def test_fill_route_routes_every_case_but_the_small_tiles_it_measured_faster():
       "1024x1792x1024 NN": "64x256",  # 1.47
       "1792x1024x1408 NT": "64x256",  # 1.48
   }
-  for case in fill_route.GROUPS["odd_m"]:  # kept: an M off the alignment
+  for case in fill_route.GROUPS["odd_m"]:  # routed although M is off the alignment
     assert case.m % route.ALIGNED and not case.problem().transpose_a, case.label
-    assert not default_ab.default_plan(case).startswith("xla"), case.label
-  for name, cases in fill_route.GROUPS.items():
-    if name == "odd_m":
-      continue
+  for cases in fill_route.GROUPS.values():
     for case in cases:
       plan = default_ab.default_plan(case)
       if case.label in kept:

@@ -31,6 +31,7 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=6144, n=768, k=2048, transpose_a=True), "fill the SMs badly"),
         (GemmProblem(m=3072, n=768, k=6144, transpose_a=True), "fill the SMs badly"),
         (GemmProblem(m=5120, n=896, k=1280), "fill the SMs badly"),  # 128x192: 0.83x
+        (GemmProblem(m=391, n=5632, k=13312), "fill the SMs badly"),  # odd M: 0.66x
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -48,6 +49,7 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=640, n=1024, k=2048, transpose_b=True),  # 64x128 tiles: 2.0x
         GemmProblem(m=1024, n=1024, k=3072, transpose_a=True),  # 64x128 tiles: 1.33x
         GemmProblem(m=3072, n=766, k=6144, transpose_a=True),  # under-filled, but N % 8 != 0
+        GemmProblem(m=723, n=960, k=11072, transpose_a=True),  # A (K, M), M odd: 1.99x
         GemmProblem(m=2048, n=896, k=1152, transpose_a=True),  # 64x256 at K < 2048: 1.40x
         GemmProblem(m=128, n=14336, k=4096),  # past decode: 128 rows
         GemmProblem(m=512, n=512, k=512),  # 1.43-1.46x kernel time, 1.06-1.20x chained
@@ -94,10 +96,12 @@ def test_the_fill_rule_routes_only_within_its_guards(
   assert implementation in ("xla", "pallas") and why
   if "fill the SMs badly" in why:
     assert implementation == "xla" and dtype in route.ROUTED_DTYPES
-    assert k >= route.UNDERFILLED_MIN_K and batch == 1
-    assert m % route.ALIGNED == n % route.ALIGNED == k % route.ALIGNED == 0
+    assert k >= route.UNDERFILLED_WIDE_MIN_K and batch == 1
+    assert n % route.ALIGNED == k % route.ALIGNED == 0
+    assert m % route.ALIGNED == 0 or not transpose_a
     config = route.heuristics.default_config(problem)
     assert (config.tile_m, config.tile_n) != route.SMALL_TILE
+    assert k >= route.UNDERFILLED_MIN_K or config.tile_m >= 128
     assert route.heuristics.over_ideal(problem, config, 132, 1.0) >= route.MAX_OVER_IDEAL
   hypothesis.event("fill rule" if "fill the SMs" in why else implementation)
 
