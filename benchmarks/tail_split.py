@@ -8,7 +8,8 @@ with whole tiles, and XLA (NOTES exp. 125).
 Contenders (`benchmarks.default_ab`): xla; the default; `whole`, the default's config
 without stream-K. The cases are the six bf16 projections the rule was decided on (on
 the H200), then every held-out shape (`pallas_gemm/shapes/heldout.json`, `audit.json`)
-whose default on the H200 has a tail split, then two of the training sweep.
+whose default on the H200 has a tail split, two of the training sweep, then eleven
+shapes of odd extents or layouts drawn at random (NOTES exp. 147).
 
 >>> default_plan(CASES[0]), whole_config(CASES[0]).stream_k
 ('128x256x64 s4 cooperative/m cluster 2x1 tail split', False)
@@ -38,6 +39,17 @@ CASES = (
     Case(4096, 256000, 2048),
     Case(16384, 16384, 16384),  # the training sweep
     Case(8192, 28672, 8192),
+    Case(11584, 4779, 1664, "NT"),  # odd layouts (stop 53, random_shapes seeds 171-178):
+    Case(12761, 2048, 1856, "NT"),  # the split won on 10 of 11 (1.02-1.12x)...
+    Case(7565, 2304, 2304, "NT"),
+    Case(14183, 639, 2688, "NT"),
+    Case(861, 6247, 4800, "TN"),
+    Case(3456, 7712, 8384),
+    Case(4322, 4160, 8128, "TN"),
+    Case(3328, 4312, 8315, "NT"),
+    Case(3349, 5376, 3136, "TN"),
+    Case(1622, 2752, 2048, "TN"),
+    Case(3840, 1248, 12352),  # ...and ran 4.4x slower here (NOTES exp. 147)
 )
 
 

@@ -29,10 +29,13 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   2048x896x1152 TN 1.40x). Not batched, not with a row stride off a multiple of
   `ALIGNED` (XLA's GEMMs run 1.5-3x slower there; `xla_aligned`), not where a tuned
   config exists;
-- a memory-bound GEMM with an operand that TMA cannot read as it is (a minor extent
-  off the swizzle spans) whose zero-padded copy moves more than the GEMM itself
-  (65536x64x72: 0.21x). Compute-bound odd shapes keep the kernel: with the copy
-  it is 1.5-2.4x faster than cuBLAS there (K=7001).
+- an array that TMA cannot read or write as it is (a minor extent off the swizzle spans,
+  rows off a multiple of 8 in an MN-major tile), where XLA's GEMM reads every row stride
+  as it is (`xla_aligned`: 9280x14072x320 0.52x, 5568x5440x2701 TN 0.82x; 21 of 21
+  shapes lost), or where the GEMM is memory-bound and the zero-padded copy moves more
+  than the GEMM itself (65536x64x72: 0.21x). Compute-bound odd shapes that XLA's GEMM
+  runs off its alignment keep the kernel: with the copy it is 1.3-2.6x faster there
+  (K=7001, 7872x15005x512 TN).
 
 There XLA's GEMM runs, with the epilogue applied as XLA would. `choose` says which
 and why, so harnesses can report it. Only 16-bit operands are routed: fp8 and tf32
@@ -50,6 +53,8 @@ GEMMs keep the kernel (their epilogues and scalings are what they are used for).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 
@@ -71,6 +76,12 @@ DECODE_MAX_M = 64
 MAX_COPY_FRACTION = 1.0
 """A memory-bound GEMM whose padding copy moves more than this fraction of its own bytes
 goes to XLA."""
+
+ALIGNED_COPY_FRACTION = 0.25
+"""A GEMM whose row strides XLA reads as they are (`xla_aligned`) and whose padding copies
+(`padding_copy_bytes`) move at least this fraction of its own bytes goes to XLA: at
+0.26-2.0 of them the kernel ran at 0.50-0.97x `jnp.dot`, 21 of 21 shapes (H200, NOTES
+exp. 147; e.g. 9280x14072x320, whose output the wrapper slices: 0.52x)."""
 
 HBM_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 (an H200's 4.8 TB/s only makes more GEMMs short)."""
@@ -117,28 +128,37 @@ def roofline_us(problem: GemmProblem) -> float:
   return 1e6 * max(flops / PEAK_FLOPS, min_bytes(problem) / HBM_BYTES_PER_S)
 
 
-def padding_copy_bytes(problem: GemmProblem) -> int:
-  """Bytes the kernel path copies to make A and B readable by TMA (read + write of each
-  operand whose minor extent no 64-byte-or-wider swizzle fits; as `matmul` pads them).
+def padding_copy_bytes(problem: GemmProblem, config=None) -> int:
+  """Bytes the kernel path moves to lay A, B and the output out for TMA (read + write of
+  each array that `gemm.tma_layout` pads, and of the output that `gemm.out_extent` widens
+  and the wrapper slices), with `config` (default: the one `matmul` would run).
 
   >>> padding_copy_bytes(GemmProblem(m=65536, n=64, k=72))   # A (65536, 72) padded to 128
   26214400
   >>> padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4096))
   0
   """
-  p, e = problem, 2
-  a_minor, a_rows = (p.m, p.k) if p.transpose_a else (p.k, p.m)
-  b_minor, b_rows = (p.k, p.n) if p.transpose_b else (p.n, p.k)
-  common = smem.widest_swizzle(p.dtype, 64, a_minor, b_minor)
-  if common is not None and common >= 64:
-    return 0
-  copied = 0
-  for minor, rows in ((a_minor, a_rows), (b_minor, b_rows)):
-    own = smem.widest_swizzle(p.dtype, 64, minor)
-    if own is None or own < 64:
-      padded = -(-minor // 64) * 64
-      copied += p.batch * e * rows * (minor + padded)
-  return copied
+  import jax  # local: the shapes come from the wrapper's own layout functions
+
+  from pallas_gemm import gemm, tuning_cache
+
+  p = problem
+  if config is None:
+    config = tuning_cache.lookup_config(p) or heuristics.default_config(p)
+  lead = (p.batch,) if p.batch > 1 else ()
+  a_dims = (p.k, p.m) if p.transpose_a else (p.m, p.k)
+  b_dims = (p.n, p.k) if p.transpose_b else (p.k, p.n)
+  arrays = [
+      jax.ShapeDtypeStruct((*lead, *a_dims), p.dtype),
+      jax.ShapeDtypeStruct((*lead, *b_dims), p.dtype_b),
+  ]
+  padded = jax.eval_shape(lambda a, b: gemm.tma_layout(a, b, p, config, False), *arrays)
+  moved = lambda x, y: (math.prod(x.shape) + math.prod(y.shape)) * x.dtype.itemsize
+  copied = sum(moved(x, y) for x, y in zip(arrays, padded) if x.shape != y.shape)
+  rows, cols = gemm.out_extent(p, config, False)
+  if config.split_k == 1 and (rows, cols) != (p.m, p.n):
+    copied += p.batch * (rows * cols + p.m * p.n) * jnp.dtype(p.out_dtype).itemsize
+  return int(copied)
 
 
 def narrow_n_major_b(problem: GemmProblem) -> bool:
@@ -155,20 +175,22 @@ def narrow_n_major_b(problem: GemmProblem) -> bool:
 
 
 def xla_aligned(problem: GemmProblem) -> bool:
-  """Whether every extent that sets a row stride of XLA's GEMM is a multiple of `ALIGNED`:
-  K and N always (A's (M, K) rows or B's (N, K) ones, C's rows), M where A is stored
-  (K, M). An M off it with A stored (M, K) leaves cuBLAS at speed: under-filled there, the
-  kernel ran at 0.53-1.01x `jnp.dot` on 25 of 28 random shapes (NOTES exp. 146).
+  """Whether every row stride of XLA's GEMM is a multiple of `ALIGNED` elements: A's
+  (K for A stored (M, K), M for (K, M)), B's (N for (K, N), K for (N, K)) and C's (N).
+  Off it cuBLAS runs 1.5-3x slower; on it, whatever the other extents, at speed: an odd
+  M with A stored (M, K) (under-filled: the kernel ran at 0.53-1.01x `jnp.dot` on 25 of
+  28 random shapes, NOTES exp. 146), an odd K in TN (XLA at 765 TFLOP/s at
+  5568x5440x2701 TN, exp. 147).
 
   >>> xla_aligned(GemmProblem(m=539, n=1472, k=4576))
   True
   >>> xla_aligned(GemmProblem(m=4096, n=4096, k=7001))
   False
-  >>> xla_aligned(GemmProblem(m=539, n=1472, k=4576, transpose_a=True))
-  False
+  >>> xla_aligned(GemmProblem(m=5568, n=5440, k=2701, transpose_a=True))
+  True
   """
   p = problem
-  strides = (p.n, p.k, p.m) if p.transpose_a else (p.n, p.k)
+  strides = (p.m if p.transpose_a else p.k, p.k if p.transpose_b else p.n, p.n)
   return all(extent % ALIGNED == 0 for extent in strides)
 
 
@@ -220,6 +242,11 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         f"every SM (>= {MAX_OVER_IDEAL}): the tiles fill the SMs badly"
     )
   copied, own = padding_copy_bytes(problem), min_bytes(problem)
+  if xla_aligned(problem) and copied >= ALIGNED_COPY_FRACTION * own:
+    return "xla", (
+        f"XLA's GEMM reads every row stride as it is; the kernel would copy "
+        f"{copied / 1e6:.1f} MB to lay the arrays out for TMA (the GEMM's own {own / 1e6:.1f} MB)"
+    )
   if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:
     return "xla", (
         f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"

@@ -19,7 +19,13 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=4096, n=4096, k=8), "K=8 < 64"),  # issue 16: 0.65-0.76x
         (GemmProblem(m=256, n=256, k=256), "at the roofline"),
         (GemmProblem(m=384, n=384, k=384), "at the roofline"),  # chained: 0.85-0.95x
-        (GemmProblem(m=65536, n=64, k=72), "padding copy"),  # 0.21x
+        (GemmProblem(m=65536, n=64, k=72), "every row stride"),  # 0.21x
+        (GemmProblem(m=65536, n=64, k=73), "padding copy"),  # memory-bound, K off 8
+        (GemmProblem(m=9280, n=14072, k=320), "every row stride"),  # output sliced: 0.52x
+        (GemmProblem(m=5568, n=5440, k=2701, transpose_a=True), "every row stride"),  # 0.82x
+        (GemmProblem(m=704, n=5576, k=5440), "every row stride"),  # 0.62x
+        (GemmProblem(m=1000, n=1000, k=1000), "every row stride"),  # 0.58x (drawn171)
+        (GemmProblem(m=1000, n=1016, k=4000), "every row stride"),  # B copied: 0.64x
         (GemmProblem(m=1, n=14336, k=4096), "decode"),  # 0.83-0.93x
         (GemmProblem(m=64, n=4096, k=14336), "decode"),
         (GemmProblem(m=65536, n=16, k=2048), "B's (K, N) rows"),  # 0.88x
@@ -45,7 +51,6 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=16384, n=8192, k=2048),  # training projections
         GemmProblem(m=2048, n=8192, k=16384, transpose_a=True),  # their weight gradients
         GemmProblem(m=2048, n=3072, k=16384, transpose_a=True),  # tail split: 1.01x
-        GemmProblem(m=1000, n=1000, k=1000),  # under-filled but short K: XLA runs Triton
         GemmProblem(m=640, n=1024, k=2048, transpose_b=True),  # 64x128 tiles: 2.0x
         GemmProblem(m=1024, n=1024, k=3072, transpose_a=True),  # 64x128 tiles: 1.33x
         GemmProblem(m=3072, n=766, k=6144, transpose_a=True),  # under-filled, but N % 8 != 0
@@ -57,8 +62,8 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=32768, n=64, k=1024),  # skinny N, memory-bound: 0.98-1.10x
         GemmProblem(m=65536, n=32, k=512),  # a 32-wide tile: 1.01x
         GemmProblem(m=65536, n=16, k=2048, transpose_b=True),  # a 16-wide tile: 0.98x
-        GemmProblem(m=1000, n=1016, k=4000),  # odd extents: B copied
         GemmProblem(m=4096, n=4096, k=7001),  # odd K: A copied (1.5-2.4x)
+        GemmProblem(m=7872, n=15005, k=512, transpose_a=True),  # odd N: 1.49x
         GemmProblem(m=2048, n=128, k=2048, batch=32),  # batched
         GemmProblem(m=4096, n=4096, k=8, dtype="float8_e4m3fn", out_dtype="bfloat16"),  # fp8 kept
     ],
@@ -97,8 +102,7 @@ def test_the_fill_rule_routes_only_within_its_guards(
   if "fill the SMs badly" in why:
     assert implementation == "xla" and dtype in route.ROUTED_DTYPES
     assert k >= route.UNDERFILLED_WIDE_MIN_K and batch == 1
-    assert n % route.ALIGNED == k % route.ALIGNED == 0
-    assert m % route.ALIGNED == 0 or not transpose_a
+    assert route.xla_aligned(problem) and n % route.ALIGNED == 0
     config = route.heuristics.default_config(problem)
     assert (config.tile_m, config.tile_n) != route.SMALL_TILE
     assert k >= route.UNDERFILLED_MIN_K or config.tile_m >= 128

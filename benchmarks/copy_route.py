@@ -1,0 +1,97 @@
+"""GEMMs whose row strides XLA reads as they are but whose arrays the kernel would copy
+for TMA (`route.xla_aligned`, `route.padding_copy_bytes`), routed to XLA, against the
+kernel there, and XLA (NOTES exp. 147).
+
+    python -m benchmarks.copy_route                     # on a Hopper GPU: every group
+    python -m benchmarks.copy_route --group drawn171    # one group
+    python -m benchmarks.copy_route                     # elsewhere: the plan only
+
+Contenders (`benchmarks.default_ab`): xla; the default (routed: XLA's time); `kernel`,
+the kernel's default config. Groups:
+  probe53    stop 53's probe: XLA-aligned shapes with copies (21 of 21 lost, 0.50-0.97x);
+             the rule (`route.ALIGNED_COPY_FRACTION`) was read off these
+  drawn171   drawn after it (`random_shapes.draw(seed, 100)`, seeds 171-181): the first
+             twelve it routes and every NN/NT one among the first forty, then the two
+             sweep shapes it moves (odd.json) and a test's example; timed before it
+             was adopted: the kernel lost on 19 of 22 (0.52-0.91x)
+
+>>> default_plan(GROUPS["probe53"][0])
+'xla'
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks import default_ab
+from benchmarks.default_ab import Case, default_plan
+from pallas_gemm import heuristics
+from pallas_gemm.config import GemmConfig
+
+GROUPS = {
+    "probe53": (
+        Case(9280, 14072, 320),  # random_shapes seed 150: 0.52x (the output sliced)
+        Case(6464, 448, 13930, "TN"),  # 0.50x
+        Case(4736, 1864, 256, "TN"),  # 0.62x
+        Case(896, 1600, 1048, "NT"),  # 0.64x
+        Case(14584, 8384, 2240, "TN"),  # drawn (seeds 151-170), A's columns copied
+        Case(704, 5576, 5440),
+        Case(4672, 10920, 1640, "NT"),
+        Case(448, 14936, 3776, "TN"),
+        Case(5434, 704, 3792, "NT"),
+        Case(4892, 1280, 16136),
+        Case(8448, 16184, 960),
+        Case(896, 9024, 6376, "NT"),
+        Case(1216, 8256, 12136, "NT"),
+        Case(5568, 5440, 2701, "TN"),  # TN with K off 8: A's and B's rows copied
+        Case(2496, 6400, 958, "TN"),
+        Case(3648, 7936, 5542, "TN"),
+        Case(11072, 1152, 838, "TN"),
+        Case(704, 13888, 3982, "TN"),
+        Case(9472, 3136, 348, "TN"),
+        Case(4096, 1216, 2994, "TN"),
+        Case(1920, 7104, 7123, "TN"),
+    ),
+    "drawn171": (
+        Case(5056, 3072, 7738, "TN"),
+        Case(6592, 512, 2894, "TN"),
+        Case(1280, 2560, 1513, "TN"),
+        Case(256, 3712, 2802, "TN"),
+        Case(512, 1152, 337, "TN"),
+        Case(15872, 1024, 1010, "TN"),
+        Case(1216, 768, 1037, "TN"),
+        Case(256, 6976, 524, "TN"),
+        Case(2048, 768, 804, "TN"),
+        Case(4480, 3328, 4504),
+        Case(320, 768, 4260, "TN"),
+        Case(320, 448, 5300, "TN"),
+        Case(640, 3008, 1192, "NT"),
+        Case(6080, 1104, 15808),
+        Case(5504, 14856, 576),
+        Case(13120, 3072, 680),
+        Case(384, 2120, 256, "NT"),
+        Case(2240, 896, 10552),
+        Case(2496, 5184, 784, "NT"),
+        Case(1000, 1000, 1000),  # odd.json
+        Case(3000, 5000, 7000),  # odd.json (H100: 0.76x)
+        Case(1000, 1016, 4000),  # test_route's example of a copied B
+    ),
+}
+
+
+def kernel_config(case: Case) -> GemmConfig:
+  """What the kernel runs there: the time model's pick."""
+  return heuristics.default_config(case.problem())
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--group", choices=sorted(GROUPS), default=None)
+  args, rest = parser.parse_known_args(argv)
+  groups = [args.group] if args.group else list(GROUPS)
+  cases = [case for group in groups for case in GROUPS[group]]
+  return default_ab.main(rest, __doc__.split("\n\n")[0], cases, kernel_config, "kernel")
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
