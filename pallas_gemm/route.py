@@ -54,6 +54,7 @@ GEMMs keep the kernel (their epilogues and scalings are what they are used for).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -138,13 +139,20 @@ def padding_copy_bytes(problem: GemmProblem, config=None) -> int:
   >>> padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4096))
   0
   """
+  from pallas_gemm import tuning_cache  # local: it reads the user's cache
+
+  if config is None:
+    config = tuning_cache.lookup_config(problem) or heuristics.default_config(problem)
+  return _copy_bytes(problem, config)
+
+
+@functools.lru_cache(maxsize=4096)
+def _copy_bytes(p: GemmProblem, config) -> int:
+  """`padding_copy_bytes` for a resolved config (asked at every call site's trace)."""
   import jax  # local: the shapes come from the wrapper's own layout functions
 
-  from pallas_gemm import gemm, tuning_cache
+  from pallas_gemm import gemm
 
-  p = problem
-  if config is None:
-    config = tuning_cache.lookup_config(p) or heuristics.default_config(p)
   lead = (p.batch,) if p.batch > 1 else ()
   a_dims = (p.k, p.m) if p.transpose_a else (p.m, p.k)
   b_dims = (p.n, p.k) if p.transpose_b else (p.k, p.n)
