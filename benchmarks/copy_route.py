@@ -14,6 +14,10 @@ the kernel's default config. Groups:
              twelve it routes and every NN/NT one among the first forty, then the two
              sweep shapes it moves (odd.json) and a test's example; timed before it
              was adopted: the kernel lost on 19 of 22 (0.52-0.91x)
+  drawn202   an odd N where B is stored (N, K) sets C's row stride alone: the first
+             fourteen of seeds 202-208 that the rule would route if `xla_aligned` asked A's
+             and B's strides only. Not adopted: the kernel lost on 7 (0.42-0.99x, the
+             large ones) and won on 6 (1.02-1.40x, the small ones); they stay on it
 
 >>> default_plan(GROUPS["probe53"][0])
 'xla'
@@ -75,6 +79,22 @@ GROUPS = {
         Case(1000, 1000, 1000),  # odd.json
         Case(3000, 5000, 7000),  # odd.json (H100: 0.76x)
         Case(1000, 1016, 4000),  # test_route's example of a copied B
+    ),
+    "drawn202": (
+        Case(6144, 1405, 4288, "NT"),
+        Case(384, 417, 768, "NT"),
+        Case(640, 386, 448, "NT"),
+        Case(576, 364, 448, "NT"),
+        Case(960, 5101, 10352, "NT"),
+        Case(11072, 4637, 3392, "NT"),
+        Case(14016, 13494, 896, "NT"),
+        Case(9806, 8623, 2880, "NT"),
+        Case(512, 2779, 1152, "NT"),
+        Case(512, 2998, 576, "NT"),
+        Case(8384, 652, 256, "NT"),
+        Case(2363, 1710, 5248, "NT"),
+        Case(4416, 3548, 448, "NT"),
+        Case(2364, 1821, 1088, "NT"),
     ),
 }
 

@@ -75,11 +75,16 @@ def test_fill_route_routes_every_case_but_the_small_tiles_it_measured_faster():
 def test_copy_route_routes_every_case_it_measured():
   from benchmarks import copy_route
 
-  for cases in copy_route.GROUPS.values():
+  for name, cases in copy_route.GROUPS.items():
     for case in cases:
       problem = case.problem()
-      assert route.xla_aligned(problem) and route.padding_copy_bytes(problem), case.label
-      assert default_ab.default_plan(case) == "xla", case.label
+      assert route.padding_copy_bytes(problem), case.label
+      if name == "drawn202":  # C's row stride off the alignment (measured mixed): not this rule
+        assert not route.xla_aligned(problem), case.label
+        assert "row stride" not in route.choose(problem)[1], case.label
+      else:
+        assert route.xla_aligned(problem), case.label
+        assert default_ab.default_plan(case) == "xla", case.label
 
 
 def test_random_shapes_draws_the_same_bounded_shapes_for_a_seed():
