@@ -167,3 +167,19 @@ def main(argv, description: str, cases, before: Callable[[Case], GemmConfig], be
     return 0
   run(cases, before, before_name, args.rounds, args.iterations)
   return 0
+
+
+def kernel_config(case: Case) -> GemmConfig:
+  """What the kernel runs for `case` where the default routes it: the time model's pick."""
+  return heuristics.default_config(case.problem())
+
+
+def grouped_main(argv, description: str, groups: dict) -> int:
+  """`main` over named groups of cases against `kernel_config`: `--group NAME` times one
+  group, none every group in order."""
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--group", choices=sorted(groups), default=None)
+  args, rest = parser.parse_known_args(argv)
+  names = [args.group] if args.group else list(groups)
+  cases = [case for name in names for case in groups[name]]
+  return main(rest, description, cases, kernel_config, "kernel")

@@ -31,12 +31,8 @@ the kernel with `heuristics.default_config`. Groups, in the order they were meas
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks import default_ab
 from benchmarks.default_ab import Case, default_plan
-from pallas_gemm import heuristics
-from pallas_gemm.config import GemmConfig
 
 GROUPS = {
     "long_k": (
@@ -173,18 +169,8 @@ GROUPS = {
 }
 
 
-def kernel_config(case: Case) -> GemmConfig:
-  """What the kernel runs there: the time model's pick."""
-  return heuristics.default_config(case.problem())
-
-
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(add_help=False)
-  parser.add_argument("--group", choices=sorted(GROUPS), default=None)
-  args, rest = parser.parse_known_args(argv)
-  groups = [args.group] if args.group else list(GROUPS)
-  cases = [case for group in groups for case in GROUPS[group]]
-  return default_ab.main(rest, __doc__.split("\n\n")[0], cases, kernel_config, "kernel")
+  return default_ab.grouped_main(argv, __doc__.split("\n\n")[0], GROUPS)
 
 
 if __name__ == "__main__":
