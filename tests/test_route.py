@@ -110,11 +110,17 @@ def test_the_fill_rule_routes_only_within_its_guards(
   hypothesis.event("fill rule" if "fill the SMs" in why else implementation)
 
 
-def test_padding_copy_counts_only_operands_tma_cannot_read():
+def test_padding_copy_counts_the_arrays_tma_cannot_read_or_write_as_they_are():
   assert route.padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4000)) == 0  # 64-byte swizzle
   # K=72 (144 bytes): A (4096, 72) is padded to 128 columns; B (72, N) is read as it is.
   assert route.padding_copy_bytes(GemmProblem(m=4096, n=4096, k=72)) == 2 * 4096 * (72 + 128)
   assert route.padding_copy_bytes(GemmProblem(m=4096, n=8192, k=72)) == 2 * 4096 * (72 + 128)
+  # N = 14072: B's columns padded to 14080, the output written 14080 wide and sliced.
+  b, out = 320 * (14072 + 14080), 9280 * (14080 + 14072)
+  assert route.padding_copy_bytes(GemmProblem(m=9280, n=14072, k=320)) == 2 * (b + out)
+  # TN with K = 2701: the MN-major tiles have no row-wise view; A's and B's rows padded to 2704.
+  tn = GemmProblem(m=5568, n=5440, k=2701, transpose_a=True)
+  assert route.padding_copy_bytes(tn) == 2 * (2701 + 2704) * (5568 + 5440)
 
 
 def _kernels(fn, *shapes):
