@@ -59,7 +59,7 @@ import math
 
 import jax.numpy as jnp
 
-from pallas_gemm import heuristics, smem
+from pallas_gemm import heuristics
 from pallas_gemm.config import GemmProblem
 from pallas_gemm.heuristics import NARROW_SPAN_BYTES
 from pallas_gemm.split_k import PEAK_FLOPS  # H100 SXM dense bf16; an H200's is the same
@@ -82,7 +82,8 @@ ALIGNED_COPY_FRACTION = 0.25
 """A GEMM whose row strides XLA reads as they are (`xla_aligned`) and whose padding copies
 (`padding_copy_bytes`) move at least this fraction of its own bytes goes to XLA: at
 0.26-2.0 of them the kernel ran at 0.50-0.97x `jnp.dot`, 21 of 21 shapes (H200, NOTES
-exp. 147; e.g. 9280x14072x320, whose output the wrapper slices: 0.52x)."""
+exp. 147; e.g. 9280x14072x320, whose output the wrapper slices: 0.52x); held out, 19 of
+22 at 0.52-0.91x, three small-M TN shapes at 1.23-1.33x."""
 
 HBM_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 (an H200's 4.8 TB/s only makes more GEMMs short)."""
@@ -104,7 +105,8 @@ NOTES exp. 139). Only the extents that set a row stride count (`xla_aligned`).""
 
 UNDERFILLED_WIDE_MIN_K = 1024
 """...from this K where the model's tiles have 128 rows or more: at K 1024-1920 eight such
-ran at 0.82-0.90x, six of 64x256 at 1.34-1.40x (H200, NOTES exp. 144; not yet held out)."""
+ran at 0.82-0.90x, six of 64x256 at 1.34-1.40x (H200, NOTES exp. 144); held out, 9 of the
+10 it routed at 0.78-0.95x (one at 1.10x)."""
 
 SMALL_TILE = (64, 128)
 """...unless the model's schedule is of tiles this small: 1.13-1.28x `jnp.dot` at all
