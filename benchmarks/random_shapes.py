@@ -20,7 +20,6 @@ import random
 
 from benchmarks import default_ab
 from benchmarks.default_ab import Case
-from pallas_gemm import heuristics
 
 MIN_VOLUME, MAX_VOLUME = 2**24, 2**38
 
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
       rest,
       __doc__.split("\n\n")[0],
       draw(args.seed, args.count),
-      lambda case: heuristics.default_config(case.problem()),
+      default_ab.kernel_config,
       "kernel",
   )
 
