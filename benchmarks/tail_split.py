@@ -49,7 +49,9 @@ CASES = (
     Case(3328, 4312, 8315, "NT"),
     Case(3349, 5376, 3136, "TN"),
     Case(1622, 2752, 2048, "TN"),
-    Case(3840, 1248, 12352),  # ...and ran 4.4x slower here (NOTES exp. 147)
+    Case(3840, 1248, 12352),  # ...and ran 4.4x slower here (NOTES exp. 147): ptxas
+    Case(3840, 1248, 12352, "NT"),  # spilled the accumulator of the slice's second copy
+    Case(960, 5101, 10352, "NT"),  # of the unit's code (exp. 149)
 )
 
 

@@ -27,6 +27,7 @@ import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
+from pallas_gemm import tile_epilogue
 from pallas_gemm.config import tiles
 
 KINDS = ("all_gather", "reduce_scatter")
@@ -171,12 +172,12 @@ class ScatterRing:
       pl.semaphore_wait(self._semaphore(device_step - 1, row0, col0), 1)
 
   def partials(self, device_step, row0, col0):
-    """This warpgroup tile's running sum received, for the epilogue: ((tile, valid),)
-    (entry 0 at step 0, not added)."""
+    """This warpgroup tile's running sum received, for the epilogue (`Partials`: none at
+    step 0)."""
     wm, wn = self.plan.config.wg_tile
     slot = jnp.maximum(device_step - 1, 0)
     tile = self.received.at[slot, pl.ds(row0, wm), pl.ds(col0, wn)]
-    return ((tile, device_step > 0),)
+    return tile_epilogue.Partials((device_step > 0).astype(jnp.int32), lambda c: tile)
 
   def send(self, result, device_step, row0, col0, store_only):
     """Before the last step: result plus the running sum received, stored into device

@@ -434,13 +434,16 @@ def _kernel(a_gmem, b_gmem, *refs, p: _Plan):
     def finish(result, tile_index, batch_idx, row0, col0, scalars):
       """Stream-K: wait for the tile's contributors, then the epilogue adds their partials."""
       sm, kt = lax.axis_index("sm"), p.k_iters
-      contributors = sk.owner(tile_index * kt + kt - 1) - sm
-      partials = []
-      for c in range(sk.max_contributors):
-        worker = jnp.minimum(sm + 1 + c, p.workers - 1)
-        valid = c < contributors
-        pl.when(valid)(lambda: pl.semaphore_wait(semaphores.at[partial_slot(worker)], 1))
-        partials.append((partials_gmem.at[partial_slot(worker)], valid))
+      # The workers after this one up to the owner of the tile's last step (none for a
+      # whole tile, whose last step is its own).
+      contributors = jnp.maximum(sk.owner(tile_index * kt + kt - 1) - sm, 0)
+      slot = lambda c: partial_slot(jnp.minimum(sm + 1 + c, p.workers - 1))
+
+      @pl.loop(0, contributors)
+      def _(c):
+        pl.semaphore_wait(semaphores.at[slot(c)], 1)
+
+      partials = tile_epilogue.Partials(contributors, lambda c: partials_gmem.at[slot(c)])
       epi.run(result, batch_idx, row0, col0, scalars, partials)
 
     def consumer():

@@ -243,17 +243,45 @@ class TailSplit:
     first = self.dp_tiles_per_worker * self.workers
     return (tile - first) * s + div((k + 1) * s - 1, kt)  # k's slice: ceil((k+1)S/kt) - 1
 
-  def for_each_unit(self, visit, worker):
-    """Inside the kernel: visit(step0, tile_index, kb, ke) for `worker`'s whole tiles,
-    then its tail slice (if any); returns its step count (traced)."""
-    kt, dp = self.k_iters, self.dp_tiles_per_worker
-
-    @pl.loop(0, dp)
-    def _(i):
-      visit(i * kt, worker + i * self.workers, 0, kt)
-
+  def units(self, worker):
+    """How many units `worker` runs: its whole tiles, then its tail slice if it has one
+    (ints or traced)."""
     has_slice = worker < self.tail_tiles * self.slices
+    if isinstance(worker, int):
+      return self.dp_tiles_per_worker + int(has_slice)
+    return self.dp_tiles_per_worker + has_slice.astype(jnp.int32)
+
+  def unit(self, worker, i):
+    """(tile, first k, end k) of `worker`'s unit i < `units(worker)` (ints or traced): a
+    whole tile before `dp_tiles_per_worker`, then the tail slice.
+
+    >>> s = TailSplit.plan(tiles=10, workers=4, k_iters=8, min_steps=1)
+    >>> [s.unit(1, i) for i in range(s.units(1))]
+    [(1, 0, 8), (5, 0, 8), (8, 4, 8)]
+    """
+    kt, dp = self.k_iters, self.dp_tiles_per_worker
+    if isinstance(worker, int) and isinstance(i, int):
+      if i < dp:
+        return worker + i * self.workers, 0, kt
+      return self.slice_of(worker)
     t, c = lax.div(worker, self.slices), lax.rem(worker, self.slices)
-    kb, ke = self._bound(c), self._bound(c + 1)
-    pl.when(has_slice)(lambda: visit(dp * kt, dp * self.workers + t, kb, ke))
-    return dp * kt + jnp.where(has_slice, ke - kb, 0)
+    tail = i == dp
+    tile = jnp.where(tail, dp * self.workers + t, worker + i * self.workers)
+    return tile, jnp.where(tail, self._bound(c), 0), jnp.where(tail, self._bound(c + 1), kt)
+
+  def for_each_unit(self, visit, worker):
+    """Inside the kernel: visit(step0, tile_index, kb, ke) for each of `worker`'s
+    `units`, all from one call site (traced kb, ke): a second copy of the unit's code
+    for the tail slice made ptxas spill the accumulator and serialize every WGMMA of the
+    kernel at some tile widths, 4-5x slower (NOTES exp. 149). Returns the step count."""
+    kt = self.k_iters
+
+    @pl.loop(0, self.units(worker))
+    def _(i):
+      visit(i * kt, *self.unit(worker, i))
+
+    c = lax.rem(worker, self.slices)
+    has_slice = worker < self.tail_tiles * self.slices
+    return self.dp_tiles_per_worker * kt + jnp.where(
+        has_slice, self._bound(c + 1) - self._bound(c), 0
+    )

@@ -46,14 +46,37 @@ def at(ref, batch_idx, rows, cols):
 
 
 @dataclasses.dataclass(frozen=True)
+class Partials:
+  """Partial sums of a warpgroup tile that its epilogue adds to each chunk first: `count`
+  of them (traced; at most 0 adds none), the c-th the GMEM tile `tile_of(c)`. One loop
+  over them, so the kernel holds one copy of the add whatever the count (NOTES exp. 149).
+
+  >>> Partials(0, lambda c: None).count
+  0
+  """
+
+  count: object
+  tile_of: Callable
+
+  def add_to(self, acc, rows, cols):
+    """`acc` (a chunk of the tile, WGMMA layout) plus rows/cols of every partial."""
+
+    def add(c, acc):
+      part = _compat.load_registers(self.tile_of(c).at[rows, cols], plgpu.Layout.WGMMA)
+      return acc + part.astype(jnp.float32)
+
+    return lax.fori_loop(0, self.count, add, acc)
+
+
+@dataclasses.dataclass(frozen=True)
 class TileEpilogue:
   """What the kernel calls, per warpgroup tile at (batch_idx, row0, col0).
 
   stage_vectors(batch_idx, row0, col0): issues the loads of the tile's bias and scale
     vectors and first residual chunks (before the K loop, so they hide behind it).
-  run(result, batch_idx, row0, col0, scalars, partials=()): the epilogue of an f32
-    accumulator; `partials` are (GMEM tile, valid) pairs added first: stream-K
-    contributors' (f32) or a reduce-scatter's running sum (`device_rings`).
+  run(result, batch_idx, row0, col0, scalars, partials=None): the epilogue of an f32
+    accumulator; `partials` (`Partials`) are added first: stream-K contributors' (f32)
+    or a reduce-scatter's running sum (`device_rings`).
   run_gated(gate, up, batch_idx, row0, col0): a gated GEMM's (`EpilogueSpec.gated`).
   """
 
@@ -208,9 +231,9 @@ def build(
       for chunk in range(min(slots, chunks)):
         load_residuals(chunk, chunk % slots, batch_idx, row0, col0)
 
-  def _epilogue(result, batch_idx, row0, col0, scalars, partials=()):
-    """Epilogue of one warpgroup tile, chunk by chunk; `partials`: (GMEM tile, valid)
-    pairs, added to each chunk first."""
+  def _epilogue(result, batch_idx, row0, col0, scalars, partials=None):
+    """Epilogue of one warpgroup tile, chunk by chunk; `partials` (`Partials`) added to
+    each chunk first."""
     for name in present:
       plgpu.barrier_wait(staged[f"{name}_loaded"].at[wg])
     row_maxima = []  # amax: per-row max |y| of each row chunk, over the column chunks
@@ -248,13 +271,8 @@ def build(
           scales.append(scalars[0])
         scales += [chunk_of(name) for name in present if name in operands.MULTIPLIERS]
         acc_chunk = result[i * em : (i + 1) * em, j * en : (j + 1) * en]
-        for partial, valid in partials:
-          part = _compat.load_registers(
-              partial.at[pl.ds(i * em, em), pl.ds(j * en, en)], plgpu.Layout.WGMMA
-          ).astype(jnp.float32)
-          acc_chunk += jnp.where(
-              lax.broadcast_in_dim(valid, (em, en), ()), part, jnp.zeros_like(part)
-          )
+        if partials is not None:
+          acc_chunk = partials.add_to(acc_chunk, pl.ds(i * em, em), pl.ds(j * en, en))
         y = epilogue_lib.affine(p.epilogue, acc_chunk, c=c_tile, scales=tuple(scales), **addends)
         if pre_gmem is not None:
           # pre; or, with `gated_slope`, the up pre-activation's cotangent

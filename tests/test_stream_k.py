@@ -146,7 +146,9 @@ def test_tail_split_runs_every_k_step_once_and_waits_match_signals(s):
     assert ke > kb
     covered[tile, kb:ke] += 1
     if (kb, ke) == (0, s.k_iters):
-      continue  # a whole tile
+      # a whole tile: the kernel's finisher path asks for no contributors' partials
+      assert s.owner(tile * s.k_iters + s.k_iters - 1) - w <= 0
+      continue
     assert s.owner(tile * s.k_iters + kb) == w == s.owner(tile * s.k_iters + ke - 1)
     if kb > 0:
       signals.add(w)
@@ -175,6 +177,21 @@ def test_traced_tail_split_matches_ints(tiles, workers, k_iters):
   assert np.asarray(jax.jit(s._bound)(c)).tolist() == [s._bound(i) for i in range(s.slices + 1)]
   w = jnp.arange(workers)
   assert np.asarray(jax.jit(s.slot)(w)).tolist() == [s.slot(i) for i in range(workers)]
+
+
+@pytest.mark.parametrize("tiles, workers, k_iters", [(136, 132, 56), (162, 132, 64), (10, 4, 8)])
+def test_tail_split_units_traced_match_the_plan(tiles, workers, k_iters):
+  """The kernel's one loop (`units`, `unit`, traced) runs the units `_tail_units` lists."""
+  s = stream_k.TailSplit.plan(tiles, workers, k_iters, min_steps=1)
+  w = jnp.arange(workers)
+  counts = np.asarray(jax.jit(jax.vmap(s.units))(w)).tolist()
+  traced = []
+  for worker, count in enumerate(counts):
+    i = jnp.arange(count)
+    rows = np.asarray(jax.jit(jax.vmap(s.unit, (None, 0)))(jnp.int32(worker), i)).T
+    traced += [(worker, *map(int, row)) for row in rows]
+  ints = [(w, *s.unit(w, i)) for w in range(workers) for i in range(s.units(w))]
+  assert sorted(traced) == sorted(ints) == sorted(_tail_units(s))
 
 
 def test_numpy_replay_of_the_tail_split_equals_the_product():
