@@ -35,7 +35,11 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   shapes lost), or where the GEMM is memory-bound and the zero-padded copy moves more
   than the GEMM itself (65536x64x72: 0.21x). Compute-bound odd shapes that XLA's GEMM
   runs off its alignment keep the kernel: with the copy it is 1.3-2.6x faster there
-  (K=7001, 7872x15005x512 TN).
+  (K=7001, 7872x15005x512 TN);
+- an N off `ALIGNED` where A and B are not (only C's row stride is off; cuBLAS runs those
+  at speed) and XLA's copy of the kernel's widened output into the (M, N) result, at
+  `SLICE_BYTES_PER_S`, takes at least `MAX_SLICE_SHARE` of the GEMM's roofline time
+  (`slow_output_slice`: 14893x7671x1024 NT 0.43x, 12 of 16 held-out shapes at 0.70-0.91x).
 
 There XLA's GEMM runs, with the epilogue applied as XLA would. `choose` says which
 and why, so harnesses can report it. Only 16-bit operands are routed: fp8 and tf32
@@ -112,6 +116,21 @@ SMALL_TILE = (64, 128)
 """...unless the model's schedule is of tiles this small: 1.13-1.28x `jnp.dot` at all
 six such shapes measured (NOTES exp. 141)."""
 
+SLICE_BYTES_PER_S = 0.85e12
+"""XLA's copy of the kernel's output, widened for TMA, into the (M, N) result when N is off
+`ALIGNED` (rows of an odd number of 16-bit elements, copied element by element): 539 us for
+the 457 MB of 14893x7671x1024 NT, whose kernel ran 304 us (H200, NOTES exp. 150)."""
+
+MAX_SLICE_SHARE = 0.75
+"""A GEMM whose only row stride off `ALIGNED` is C's and whose output copy takes at least
+this fraction of its roofline time goes to XLA: fit on 15 shapes (the kernel lost on the 5
+such of at least 4 us, 0.43-0.88x; NOTES exp. 150); held out (`benchmarks.copy_route
+--group drawn210`), the kernel lost on 12 of 16 (0.70-0.91x), won on 4 (1.01-1.24x)..."""
+
+MIN_SLICE_ROOFLINE_US = 4.0
+"""...of at least this many microseconds at the roofline: below it the copy stays in L2
+and XLA's GEMM for such an N is slow too (the kernel 1.02-1.40x at five such shapes)."""
+
 ROUTED_DTYPES = ("bfloat16", "float16")
 
 
@@ -141,11 +160,7 @@ def padding_copy_bytes(problem: GemmProblem, config=None) -> int:
   >>> padding_copy_bytes(GemmProblem(m=4096, n=4096, k=4096))
   0
   """
-  from pallas_gemm import tuning_cache  # local: it reads the user's cache
-
-  if config is None:
-    config = tuning_cache.lookup_config(problem) or heuristics.default_config(problem)
-  return _copy_bytes(problem, config)
+  return _copy_bytes(problem, config or _default_config(problem))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,10 +180,44 @@ def _copy_bytes(p: GemmProblem, config) -> int:
   padded = jax.eval_shape(lambda a, b: gemm.tma_layout(a, b, p, config, False), *arrays)
   moved = lambda x, y: (math.prod(x.shape) + math.prod(y.shape)) * x.dtype.itemsize
   copied = sum(moved(x, y) for x, y in zip(arrays, padded) if x.shape != y.shape)
+  return int(copied) + _slice_bytes(p, config)
+
+
+@functools.lru_cache(maxsize=4096)
+def _slice_bytes(p: GemmProblem, config) -> int:
+  """Bytes of the wrapper's copy of the kernel's widened output into (M, N) (read + write),
+  0 where the kernel writes (M, N) as it is."""
+  from pallas_gemm import gemm  # local: gemm imports this module
+
   rows, cols = gemm.out_extent(p, config, False)
-  if config.split_k == 1 and (rows, cols) != (p.m, p.n):
-    copied += p.batch * (rows * cols + p.m * p.n) * jnp.dtype(p.out_dtype).itemsize
-  return int(copied)
+  if config.split_k > 1 or (rows, cols) == (p.m, p.n):
+    return 0
+  return p.batch * (rows * cols + p.m * p.n) * jnp.dtype(p.out_dtype).itemsize
+
+
+def _default_config(problem: GemmProblem):
+  """The config `matmul` would run (the user's cache, the shipped table, the model)."""
+  from pallas_gemm import tuning_cache  # local: it reads the user's cache
+
+  return tuning_cache.lookup_config(problem) or heuristics.default_config(problem)
+
+
+def slow_output_slice(problem: GemmProblem) -> float:
+  """Microseconds of the output copy (`SLICE_BYTES_PER_S`) where it is what the kernel
+  path adds and XLA's GEMM would not need: only C's row stride is off `ALIGNED`, and the
+  GEMM takes at least `MIN_SLICE_ROOFLINE_US`; else 0.
+
+  >>> round(slow_output_slice(GemmProblem(m=14893, n=7671, k=1024, transpose_b=True)))
+  538
+  >>> slow_output_slice(GemmProblem(m=14893, n=7671, k=1024))   # B's rows are odd too
+  0.0
+  """
+  a_stride, b_stride, c_stride = _row_strides(problem)
+  if a_stride % ALIGNED or b_stride % ALIGNED or not c_stride % ALIGNED:
+    return 0.0
+  if roofline_us(problem) < MIN_SLICE_ROOFLINE_US:
+    return 0.0
+  return 1e6 * _slice_bytes(problem, _default_config(problem)) / SLICE_BYTES_PER_S
 
 
 def narrow_n_major_b(problem: GemmProblem) -> bool:
@@ -199,9 +248,12 @@ def xla_aligned(problem: GemmProblem) -> bool:
   >>> xla_aligned(GemmProblem(m=5568, n=5440, k=2701, transpose_a=True))
   True
   """
-  p = problem
-  strides = (p.m if p.transpose_a else p.k, p.k if p.transpose_b else p.n, p.n)
-  return all(extent % ALIGNED == 0 for extent in strides)
+  return all(extent % ALIGNED == 0 for extent in _row_strides(problem))
+
+
+def _row_strides(p: GemmProblem) -> tuple[int, int, int]:
+  """The row strides (in elements) of A, B and C as stored."""
+  return (p.m if p.transpose_a else p.k, p.k if p.transpose_b else p.n, p.n)
 
 
 def _memory_bound(problem: GemmProblem) -> bool:
@@ -256,6 +308,12 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
     return "xla", (
         f"XLA's GEMM reads every row stride as it is; the kernel would copy "
         f"{copied / 1e6:.1f} MB to lay the arrays out for TMA (the GEMM's own {own / 1e6:.1f} MB)"
+    )
+  if (sliced := slow_output_slice(problem)) >= MAX_SLICE_SHARE * t:
+    return "xla", (
+        f"N={problem.n} sets only C's row stride off {ALIGNED} (XLA's GEMM runs at speed); "
+        f"the kernel's output copied into (M, N) takes ~{sliced:.0f} us, the GEMM "
+        f"{t:.1f} us at the roofline"
     )
   if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:
     return "xla", (

@@ -38,6 +38,9 @@ from pallas_gemm.config import GemmProblem
         (GemmProblem(m=3072, n=768, k=6144, transpose_a=True), "fill the SMs badly"),
         (GemmProblem(m=5120, n=896, k=1280), "fill the SMs badly"),  # 128x192: 0.83x
         (GemmProblem(m=391, n=5632, k=13312), "fill the SMs badly"),  # odd M: 0.66x
+        # N odd in C's row stride alone: the output copy (539 us) outlasts the GEMM (304 us)
+        (GemmProblem(m=14893, n=7671, k=1024, transpose_b=True), "C's row stride"),  # 0.43x
+        (GemmProblem(m=8531, n=5300, k=576, transpose_b=True), "C's row stride"),  # 0.70x
     ],
 )
 def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
@@ -56,6 +59,8 @@ def test_what_the_kernel_cannot_win_goes_to_xla(problem, why):
         GemmProblem(m=3072, n=766, k=6144, transpose_a=True),  # under-filled, but N % 8 != 0
         GemmProblem(m=723, n=960, k=11072, transpose_a=True),  # A (K, M), M odd: 1.99x
         GemmProblem(m=2048, n=896, k=1152, transpose_a=True),  # 64x256 at K < 2048: 1.40x
+        GemmProblem(m=960, n=5101, k=10352, transpose_b=True),  # output copy 0.22x: 1.70x
+        GemmProblem(m=512, n=2779, k=1152, transpose_b=True),  # under 4 us: 1.25x
         GemmProblem(m=128, n=14336, k=4096),  # past decode: 128 rows
         GemmProblem(m=512, n=512, k=512),  # 1.43-1.46x kernel time, 1.06-1.20x chained
         GemmProblem(m=1024, n=1024, k=1024),  # 1.17-1.50x, 0.72-1.29x chained (noisy)
@@ -107,6 +112,11 @@ def test_the_fill_rule_routes_only_within_its_guards(
     assert (config.tile_m, config.tile_n) != route.SMALL_TILE
     assert k >= route.UNDERFILLED_MIN_K or config.tile_m >= 128
     assert route.heuristics.over_ideal(problem, config, 132, 1.0) >= route.MAX_OVER_IDEAL
+  if "C's row stride" in why:
+    a_stride = m if transpose_a else k
+    b_stride = k if transpose_b else n
+    assert a_stride % route.ALIGNED == 0 and b_stride % route.ALIGNED == 0
+    assert n % route.ALIGNED and route.roofline_us(problem) >= route.MIN_SLICE_ROOFLINE_US
   hypothesis.event("fill rule" if "fill the SMs" in why else implementation)
 
 
