@@ -16,8 +16,13 @@ the kernel's default config. Groups:
              was adopted: the kernel lost on 19 of 22 (0.52-0.91x)
   drawn202   an odd N where B is stored (N, K) sets C's row stride alone: the first
              fourteen of seeds 202-208 that the rule would route if `xla_aligned` asked A's
-             and B's strides only. Not adopted: the kernel lost on 7 (0.42-0.99x, the
-             large ones) and won on 6 (1.02-1.40x, the small ones); they stay on it
+             and B's strides only. Not adopted as such: the kernel lost on 7 (0.42-0.99x,
+             the large ones) and won on 6 (1.02-1.40x, the small ones). The fit of
+             `route.slow_output_slice` (exp. 150): XLA's copy of the widened output
+             into (M, N) at 0.85 TB/s against the roofline time
+  drawn210   drawn after it (seeds 210-222): the first sixteen `slow_output_slice`
+             routes, timed before it was adopted: the kernel lost on 12 (0.70-0.91x),
+             won on 4 (1.01-1.24x)
 
 >>> default_plan(GROUPS["probe53"][0])
 'xla'
@@ -92,7 +97,7 @@ GROUPS = {
         Case(4416, 3548, 448, "NT"),
         Case(2364, 1821, 1088, "NT"),
     ),
-    "drawn210": (  # the first sixteen of seeds 210-222 that `route.slow_output_slice` routes
+    "drawn210": (
         Case(1856, 3967, 1408, "NT"),
         Case(4288, 6526, 1152, "NT"),
         Case(2880, 7451, 2432, "NT"),
