@@ -23,6 +23,9 @@ the kernel's default config. Groups:
   drawn210   drawn after it (seeds 210-222): the first sixteen `slow_output_slice`
              routes, timed before it was adopted: the kernel lost on 12 (0.70-0.91x),
              won on 4 (1.01-1.24x)
+  drawn300   what the memory-bound padding rule (`route.MAX_COPY_FRACTION`, set where XLA
+             reads every stride as it is) routes among shapes XLA runs off its alignment:
+             the first sixteen of seed 300 of at least 1 us, and two more
 
 >>> default_plan(GROUPS["probe53"][0])
 'xla'
@@ -114,6 +117,26 @@ GROUPS = {
         Case(7680, 3235, 576, "NT"),
         Case(576, 2985, 1984, "NT"),
         Case(616, 4743, 808, "NT"),
+    ),
+    "drawn300": (
+        Case(320, 2802, 7276),
+        Case(4862, 261, 480),
+        Case(768, 1024, 581),
+        Case(3246, 448, 428),
+        Case(320, 11359, 1920, "TN"),
+        Case(448, 1344, 883),
+        Case(4096, 3194, 349, "TN"),
+        Case(320, 8741, 2240, "TN"),
+        Case(1280, 2299, 384, "NT"),
+        Case(320, 434, 13120, "TN"),
+        Case(4928, 256, 7482, "NT"),
+        Case(3191, 256, 320, "TN"),
+        Case(2880, 256, 11833),
+        Case(266, 1296, 2112, "TN"),
+        Case(1280, 2747, 320),
+        Case(16256, 256, 1882),
+        Case(15104, 11605, 275, "NT"),  # random_shapes seed 261: the kernel 1.44x
+        Case(65536, 64, 73),  # test_route's example of the rule
     ),
 }
 

@@ -120,7 +120,7 @@ def gemm(
       problem on this device, else the heuristic default.
     implementation: None ("auto" on a GPU, "xla" elsewhere), "auto" (the Pallas
       kernel, except where XLA's GEMM is faster: tiny K, a few microseconds of
-      work, a costly TMA padding copy; `pallas_gemm.route`), "pallas",
+      work, a TMA copy XLA does not need; `pallas_gemm.route`), "pallas",
       "interpret" (the kernel in GPU interpret mode, on any backend) or "xla".
     autotune: tune this problem now if the cache has no entry (outside jit
       only); None defers to the environment variable PALLAS_GEMM_AUTOTUNE=1.

@@ -31,11 +31,10 @@ where the kernel cannot win, measured (issue 16, H100 and H200, against `jnp.dot
   config exists;
 - an array that TMA cannot read or write as it is (a minor extent off the swizzle spans,
   rows off a multiple of 8 in an MN-major tile), where XLA's GEMM reads every row stride
-  as it is (`xla_aligned`: 9280x14072x320 0.52x, 5568x5440x2701 TN 0.82x; 21 of 21
-  shapes lost), or where the GEMM is memory-bound and the zero-padded copy moves more
-  than the GEMM itself (65536x64x72: 0.21x). Compute-bound odd shapes that XLA's GEMM
-  runs off its alignment keep the kernel: with the copy it is 1.3-2.6x faster there
-  (K=7001, 7872x15005x512 TN);
+  as it is (`xla_aligned`: 9280x14072x320 0.52x, 5568x5440x2701 TN 0.82x, 65536x64x72
+  0.21x; 21 of 21 shapes lost). Odd shapes that XLA's GEMM runs off its alignment keep the
+  kernel: with the copy it is 1.3-2.6x faster there (K=7001, 7872x15005x512 TN), memory-
+  bound ones too (13 of 18 held out at 1.02-2.19x, NOTES exp. 151; 65536x64x73 0.60x);
 - an N off `ALIGNED` where A and B are not (only C's row stride is off; cuBLAS runs those
   at speed) and XLA's copy of the kernel's widened output into the (M, N) result, at
   `SLICE_BYTES_PER_S`, takes at least `MAX_SLICE_SHARE` of the GEMM's roofline time
@@ -77,10 +76,6 @@ us more for a Mosaic kernel than for cuBLAS (NOTES exps. 48, 79)."""
 
 DECODE_MAX_M = 64
 """Memory-bound GEMMs with at most this many rows (decode steps) go to XLA."""
-
-MAX_COPY_FRACTION = 1.0
-"""A memory-bound GEMM whose padding copy moves more than this fraction of its own bytes
-goes to XLA."""
 
 ALIGNED_COPY_FRACTION = 0.25
 """A GEMM whose row strides XLA reads as they are (`xla_aligned`) and whose padding copies
@@ -314,10 +309,6 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         f"N={problem.n} sets only C's row stride off {ALIGNED} (XLA's GEMM runs at speed); "
         f"the kernel's output copied into (M, N) takes ~{sliced:.0f} us, the GEMM "
         f"{t:.1f} us at the roofline"
-    )
-  if _memory_bound(problem) and copied > MAX_COPY_FRACTION * own:
-    return "xla", (
-        f"a TMA padding copy of {copied / 1e6:.1f} MB against the GEMM's " f"{own / 1e6:.1f} MB"
     )
   return "pallas", "the kernel"
 
