@@ -75,16 +75,26 @@ def test_fill_route_routes_every_case_but_the_small_tiles_it_measured_faster():
 def test_copy_route_routes_every_case_it_measured():
   from benchmarks import copy_route
 
+  # drawn202 fit `route.slow_output_slice`: it routes the losers of at least 4 us (and one
+  # shape not timed), the kernel keeps the rest (NOTES exp. 150)
+  sliced = {"14016x13494x896 NT", "9806x8623x2880 NT", "8384x652x256 NT", "4416x3548x448 NT"}
+  sliced.add("2364x1821x1088 NT")
   for name, cases in copy_route.GROUPS.items():
     for case in cases:
       problem = case.problem()
       assert route.padding_copy_bytes(problem), case.label
-      if name == "drawn202":  # C's row stride off the alignment (measured mixed): not this rule
-        assert not route.xla_aligned(problem), case.label
-        assert "row stride" not in route.choose(problem)[1], case.label
-      else:
+      why = route.choose(problem)[1]
+      if name in ("probe53", "drawn171"):  # XLA reads every row stride as it is
         assert route.xla_aligned(problem), case.label
         assert default_ab.default_plan(case) == "xla", case.label
+        continue
+      assert not route.xla_aligned(problem), case.label
+      if name == "drawn300":  # memory-bound behind copies, XLA off its alignment: kept
+        assert why == "the kernel", case.label
+      elif name == "drawn210" or case.label in sliced:
+        assert "C's row stride" in why, case.label
+      else:
+        assert why == "the kernel", case.label
 
 
 def test_random_shapes_draws_the_same_bounded_shapes_for_a_seed():
