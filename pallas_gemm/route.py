@@ -197,10 +197,11 @@ def _default_config(problem: GemmProblem):
   return tuning_cache.lookup_config(problem) or heuristics.default_config(problem)
 
 
-def slow_output_slice(problem: GemmProblem) -> float:
+def slow_output_slice(problem: GemmProblem, config=None) -> float:
   """Microseconds of the output copy (`SLICE_BYTES_PER_S`) where it is what the kernel
   path adds and XLA's GEMM would not need: only C's row stride is off `ALIGNED`, and the
-  GEMM takes at least `MIN_SLICE_ROOFLINE_US`; else 0.
+  GEMM takes at least `MIN_SLICE_ROOFLINE_US`; else 0. `config` as in
+  `padding_copy_bytes`.
 
   >>> round(slow_output_slice(GemmProblem(m=14893, n=7671, k=1024, transpose_b=True)))
   538
@@ -212,7 +213,7 @@ def slow_output_slice(problem: GemmProblem) -> float:
     return 0.0
   if roofline_us(problem) < MIN_SLICE_ROOFLINE_US:
     return 0.0
-  return 1e6 * _slice_bytes(problem, _default_config(problem)) / SLICE_BYTES_PER_S
+  return 1e6 * _slice_bytes(problem, config or _default_config(problem)) / SLICE_BYTES_PER_S
 
 
 def narrow_n_major_b(problem: GemmProblem) -> bool:
@@ -298,13 +299,14 @@ def choose(problem: GemmProblem) -> tuple[str, str]:
         f"the best schedule of the kernel's tiles is {ratio:.2f}x the time of the FLOPs on "
         f"every SM (>= {MAX_OVER_IDEAL}): the tiles fill the SMs badly"
     )
-  copied, own = padding_copy_bytes(problem), min_bytes(problem)
+  config = _default_config(problem)
+  copied, own = padding_copy_bytes(problem, config), min_bytes(problem)
   if xla_aligned(problem) and copied >= ALIGNED_COPY_FRACTION * own:
     return "xla", (
         f"XLA's GEMM reads every row stride as it is; the kernel would copy "
         f"{copied / 1e6:.1f} MB to lay the arrays out for TMA (the GEMM's own {own / 1e6:.1f} MB)"
     )
-  if (sliced := slow_output_slice(problem)) >= MAX_SLICE_SHARE * t:
+  if (sliced := slow_output_slice(problem, config)) >= MAX_SLICE_SHARE * t:
     return "xla", (
         f"N={problem.n} sets only C's row stride off {ALIGNED} (XLA's GEMM runs at speed); "
         f"the kernel's output copied into (M, N) takes ~{sliced:.0f} us, the GEMM "

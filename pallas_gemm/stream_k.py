@@ -280,8 +280,6 @@ class TailSplit:
     def _(i):
       visit(i * kt, *self.unit(worker, i))
 
-    c = lax.rem(worker, self.slices)
-    has_slice = worker < self.tail_tiles * self.slices
-    return self.dp_tiles_per_worker * kt + jnp.where(
-        has_slice, self._bound(c + 1) - self._bound(c), 0
-    )
+    dp = self.dp_tiles_per_worker
+    _, kb, ke = self.unit(worker, dp)  # the tail slice, counted where the worker has one
+    return dp * kt + jnp.where(self.units(worker) > dp, ke - kb, 0)

@@ -77,8 +77,13 @@ def test_copy_route_routes_every_case_it_measured():
 
   # drawn202 fit `route.slow_output_slice`: it routes the losers of at least 4 us (and one
   # shape not timed), the kernel keeps the rest (NOTES exp. 150)
-  sliced = {"14016x13494x896 NT", "9806x8623x2880 NT", "8384x652x256 NT", "4416x3548x448 NT"}
-  sliced.add("2364x1821x1088 NT")
+  sliced = {
+      "14016x13494x896 NT",
+      "9806x8623x2880 NT",
+      "8384x652x256 NT",
+      "4416x3548x448 NT",
+      "2364x1821x1088 NT",
+  }
   for name, cases in copy_route.GROUPS.items():
     for case in cases:
       problem = case.problem()
